@@ -1,0 +1,265 @@
+"""The one entry point: `fedfactor <command>`. Rules, tables and users all build on this contract.
+
+Bad input of any kind (unknown names, impossible settings, corrupt files) ends with one line on
+stderr and exit status 2, before any output is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from . import __version__
+from .errors import UsageError
+
+log = logging.getLogger("fedfactor")
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="run config YAML (defaults apply to missing keys)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a dotted config key, e.g. --set fl.rounds=10 (repeatable)")
+
+
+def _config(args):
+    from .config import load_config
+
+    return load_config(args.config, args.overrides)
+
+
+def cmd_train(args) -> None:
+    import pandas as pd
+    import torch
+    import yaml
+
+    from .fl.simulator import Simulator
+    from .io import atomic_write_json, atomic_write_text
+    from .tracking import Tracker
+
+    cfg = _config(args)
+    sim = Simulator(cfg)  # every check on the config and the data happens here, before any output
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").unlink(missing_ok=True)  # a stale summary must not survive a failed rerun
+    atomic_write_text(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    name = cfg.method["name"]
+    run_name = f"{cfg.scenario}/{name}/seed{cfg.seed}"
+    tags = {"method": name, "dataset": cfg.data.name, "scenario": cfg.scenario, "seed": str(cfg.seed),
+            "out": str(out.resolve())}
+    tracker = Tracker(cfg.tracking, cfg.flat(), tags, run_name)
+    rows = []
+    start = time.perf_counter()
+
+    def on_eval(row) -> None:
+        rows.append(row)
+        record = {k: v for k, v in asdict(row).items() if k != "per_client_accuracy"}
+        atomic_write_text(out / "metrics.csv", pd.DataFrame([
+            {k: v for k, v in asdict(r).items() if k != "per_client_accuracy"} for r in rows
+        ]).to_csv(index=False))
+        tracker.log_metrics({k: v for k, v in record.items() if k != "round"}, step=row.round)
+        if not sys.stderr.isatty():
+            log.info("%s round %d/%d: accuracy %.4f +- %.4f, up %d B, down %d B, %.1f s", run_name, row.round,
+                     cfg.fl.rounds, row.accuracy_mean, row.accuracy_std, row.bytes_up, row.bytes_down,
+                     row.elapsed_seconds)
+
+    try:
+        sim.run(on_eval)
+    except BaseException:
+        tracker.fail()
+        raise
+    last = rows[-1]
+    best = max(rows, key=lambda r: r.accuracy_mean)
+    summary = {
+        "method": name,
+        "dataset": cfg.data.name,
+        "scenario": cfg.scenario,
+        "seed": cfg.seed,
+        "model": cfg.model.name,
+        "partition": cfg.partition.kind,
+        "rounds": cfg.fl.rounds,
+        "clients": cfg.fl.clients,
+        "num_classes": sim.partition.num_classes,
+        "head_local": sim.head_local,
+        "accuracy_mean": last.accuracy_mean,
+        "accuracy_std": last.accuracy_std,
+        "accuracy_weighted": last.accuracy_weighted,
+        "accuracy_best_mean": best.accuracy_mean,
+        "best_round": best.round,
+        "per_client_accuracy": last.per_client_accuracy,
+        "bytes_up": sim.meter.up,
+        "bytes_down": sim.meter.down,
+        "bytes_total": sim.meter.total,
+        "params_total": sim.params_total,
+        "wall_seconds": time.perf_counter() - start,
+        "device": str(sim.device),
+        "versions": {"fedfactor": __version__, "torch": torch.__version__, "python": platform.python_version()},
+        "config": cfg.to_dict(),
+    }
+    # summary.json is the job's completion marker: written last, atomically.
+    atomic_write_json(out / "summary.json", summary)
+    keys = ["accuracy_mean", "accuracy_std", "accuracy_weighted", "accuracy_best_mean", "bytes_up", "bytes_down",
+            "wall_seconds"]
+    tracker.finish({k: summary[k] for k in keys}, [out / "summary.json", out / "metrics.csv", out / "config.yaml"])
+    print(f"{run_name}: accuracy {last.accuracy_mean:.4f} +- {last.accuracy_std:.4f} "
+          f"(best {best.accuracy_mean:.4f} at round {best.round}), {sim.meter.total:,} bytes -> {out}")
+
+
+def cmd_cost(args) -> None:
+    from .fl.simulator import Simulator
+
+    cfg = _config(args)
+    sim = Simulator(cfg, dry_run=True)
+    sim.run()
+    m = sim.meter
+    result = {"method": cfg.method["name"], "model": cfg.model.name, "dataset": cfg.data.name,
+              "clients": cfg.fl.clients, "rounds": cfg.fl.rounds, "fraction": cfg.fl.fraction,
+              "bytes_up": m.up, "bytes_down": m.down, "bytes_total": m.total,
+              "bytes_per_round": [list(r) for r in m.history]}
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"{cfg.method['name']} / {cfg.model.name} / {cfg.data.name}: {cfg.fl.clients} clients, {cfg.fl.rounds} rounds")
+    for key in ("bytes_up", "bytes_down", "bytes_total"):
+        v = result[key]
+        print(f"{key:12s} {v:>18,d} B  = {v / 1e9:10.4f} GB  = {v / 2**30:10.4f} GiB")
+
+
+def cmd_partition(args) -> None:
+    from .data import dataset_info, load_dataset
+    from .fl.simulator import build_partition
+
+    cfg = _config(args)
+    info = dataset_info(cfg.data.name, cfg.data.root)
+    ds = load_dataset(cfg.data.name, cfg.data.root, download=False)
+    y = ds.y.numpy()
+    part = build_partition(cfg, y, ds.n_official_train, info.num_classes)
+    part.save(args.out, y)
+    sizes = [len(c["train"]) for c in part.clients]
+    print(f"{cfg.partition.kind}: {part.num_clients} clients, train sizes {min(sizes)}..{max(sizes)} -> {args.out}")
+
+
+def cmd_prepare_data(args) -> None:
+    from .data import prepare_dataset
+    from .io import atomic_write_json
+
+    stats = prepare_dataset(args.dataset, args.root)
+    if args.out:
+        atomic_write_json(args.out, stats)
+    print(f"{args.dataset}: {stats['samples']} samples, {stats['num_classes']} classes, ready in {args.root}")
+
+
+def _list(registry) -> None:
+    for name, description in registry.describe():
+        print(f"{name}\t{description}")
+
+
+def cmd_methods(args) -> None:
+    from .methods import METHODS
+
+    _list(METHODS)
+
+
+def cmd_datasets(args) -> None:
+    from .data.datasets import DATASETS
+
+    _list(DATASETS)
+
+
+def cmd_models(args) -> None:
+    from .models import MODELS
+
+    _list(MODELS)
+
+
+def cmd_partitions(args) -> None:
+    from .data.partition import PARTITIONS
+
+    _list(PARTITIONS)
+
+
+def cmd_mlflow_init(args) -> None:
+    from .io import atomic_write_text
+    from .tracking import init_store
+
+    exp_id = init_store(args.uri, args.experiment)
+    if args.out:
+        atomic_write_text(args.out, exp_id + "\n")
+    print(f"MLflow store {args.uri}, experiment {args.experiment!r} = {exp_id}")
+
+
+def cmd_table(args) -> None:
+    from .report.table import collect, write_tables
+
+    runs = collect(args.runs)
+    md = write_tables(runs, args.out_md, args.out_csv, title=args.title)
+    print(md)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedfactor", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"fedfactor {__version__}")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors in the log")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("train", help="run one federated training; writes OUT/summary.json and OUT/metrics.csv")
+    _add_config_args(p)
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("cost", help="measured communication bytes of a config, from shapes alone (no training)")
+    _add_config_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_cost)
+
+    p = sub.add_parser("partition", help="split a dataset among clients; writes a JSON partition file")
+    _add_config_args(p)
+    p.add_argument("--out", required=True, help="partition file (.json)")
+    p.set_defaults(func=cmd_partition)
+
+    p = sub.add_parser("prepare-data", help="download and verify a dataset into the data root")
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--root", default="data")
+    p.add_argument("--out", help="write the dataset's statistics to this JSON file")
+    p.set_defaults(func=cmd_prepare_data)
+
+    for name, func, text in [("methods", cmd_methods, "list methods"), ("datasets", cmd_datasets, "list datasets"),
+                             ("models", cmd_models, "list models"), ("partitions", cmd_partitions, "list partitions")]:
+        sub.add_parser(name, help=text).set_defaults(func=func)
+
+    p = sub.add_parser("mlflow-init", help="create the MLflow store and experiment once; print its id")
+    p.add_argument("--uri", default="sqlite:///results/mlflow.db")
+    p.add_argument("--experiment", default="fedfactor")
+    p.add_argument("--out", help="write the experiment id to this file")
+    p.set_defaults(func=cmd_mlflow_init)
+
+    p = sub.add_parser("table", help="mean +- std over seeds of run summaries, as markdown and csv")
+    p.add_argument("runs", nargs="+", help="summary.json files or directories searched for them")
+    p.add_argument("--out-md", required=True)
+    p.add_argument("--out-csv", required=True)
+    p.add_argument("--title", default="Results")
+    p.set_defaults(func=cmd_table)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    try:
+        args.func(args)
+    except UsageError as e:
+        print(f"fedfactor: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

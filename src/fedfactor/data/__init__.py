@@ -1,0 +1,19 @@
+"""Datasets, splits, partitions and augmentation."""
+
+from .augment import augment_batch
+from .partition import PARTITIONS, Partition, make_partition
+from .datasets import DATASETS, Dataset, DatasetInfo, dataset_info, load_dataset, make_splits, prepare_dataset
+
+__all__ = [
+    "DATASETS",
+    "Dataset",
+    "DatasetInfo",
+    "PARTITIONS",
+    "Partition",
+    "make_partition",
+    "augment_batch",
+    "dataset_info",
+    "load_dataset",
+    "make_splits",
+    "prepare_dataset",
+]

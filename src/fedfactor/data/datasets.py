@@ -1,0 +1,640 @@
+"""Datasets as one pooled, normalised tensor, and the seeded train/val/test cut.
+
+Factorized-FL pools each dataset's official train and test parts and cuts its own 80/10/10 split,
+so a dataset here is all samples in one tensor (official train part first) and `make_splits`
+decides which are train, val and test. Everything is loaded into memory at once: the simulator
+indexes every client's samples out of that one tensor, on the GPU when there is one.
+
+Torchvision's own classes download and checksum the image datasets; this module only reads their
+`.data`/`.targets` arrays and turns their errors into one-line UsageErrors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import socket
+import urllib.error
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import UsageError
+from ..registry import Registry
+
+SPLIT_MODES = ("pooled", "official")
+NPZ_PREFIX = "npz:"
+_NPZ_ENTRY = "npz:PATH"
+# Samples per chunk when computing statistics and normalising: keeps float64 temporaries small
+# (a float64 copy of SVHN's official-train part alone would take 1.8 GB).
+_CHUNK = 2048
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    name: str  # registry name, or "npz:PATH"
+    channels: int
+    height: int
+    width: int
+    num_classes: int
+    augment: str  # default augmentation: "crop_flip", "crop" or "none"
+
+
+@dataclass
+class Dataset:
+    info: DatasetInfo
+    x: torch.Tensor  # float32 [N, C, H, W]: official train part first, then official test part
+    y: torch.Tensor  # int64 [N]
+    n_official_train: int  # how many of the N come from the official train part
+
+
+@dataclass
+class _Arrays:
+    """Raw arrays as read from disk: x [n, C, H, W] in the file's dtype, y int64 [n]."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+
+class _Source:
+    """A registry entry: knows a dataset's DatasetInfo and how to read its arrays.
+
+    `arg` is the registry name, or the path for npz:PATH.
+    """
+
+    def info(self, arg: str, root: Path) -> DatasetInfo:
+        raise NotImplementedError
+
+    def arrays(self, arg: str, root: Path, download: bool) -> _Arrays:
+        raise NotImplementedError
+
+
+DATASETS: Registry[_Source] = Registry("dataset")
+
+
+def _one_line(text: Any) -> str:
+    return " ".join(str(text).split())
+
+
+def _md5(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _empty_like(x: np.ndarray) -> np.ndarray:
+    return np.zeros((0, *x.shape[1:]), dtype=x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# digits: embedded in scikit-learn
+
+
+class _Digits(_Source):
+    INFO = DatasetInfo("digits", 1, 8, 8, 10, "none")
+
+    def info(self, arg: str, root: Path) -> DatasetInfo:
+        return self.INFO
+
+    def arrays(self, arg: str, root: Path, download: bool) -> _Arrays:
+        from sklearn.datasets import load_digits
+
+        bunch = load_digits()
+        x = bunch.images[:, None].astype(np.float32)  # [N, 1, 8, 8], pixel values 0..16
+        y = bunch.target.astype(np.int64)
+        # No official test split: everything counts as official train.
+        return _Arrays(x, y, _empty_like(x), np.zeros(0, dtype=np.int64))
+
+
+# ---------------------------------------------------------------------------------------------
+# Torchvision datasets
+
+
+@dataclass(frozen=True)
+class _File:
+    """A file torchvision checks; md5 None means torchvision only checks that it exists."""
+
+    path: Path
+    md5: str | None
+    required: bool  # False for downloaded archives, which may have been deleted after extraction
+
+
+class _Torchvision(_Source):
+    """Shared error handling; subclasses name their files and read torchvision's arrays.
+
+    The md5s are read from the torchvision class at call time, never copied, so they are the ones
+    torchvision itself checks (and tests can patch them).
+    """
+
+    def __init__(self, info: DatasetInfo):
+        self._info = info
+
+    def info(self, arg: str, root: Path) -> DatasetInfo:
+        return self._info
+
+    def files(self, root: Path) -> list[_File]:
+        raise NotImplementedError
+
+    def read(self, root: Path, download: bool) -> _Arrays:
+        raise NotImplementedError
+
+    def arrays(self, arg: str, root: Path, download: bool) -> _Arrays:
+        try:
+            return self.read(root, download)
+        except UsageError:
+            raise
+        except (RuntimeError, OSError, ValueError, AssertionError, EOFError, KeyError) as err:
+            raise self._explain(root, download, err) from err
+
+    def _explain(self, root: Path, download: bool, err: BaseException) -> UsageError:
+        """Turn torchvision's 'not found or corrupted' into which of the two it is, and what to do."""
+        name = self._info.name
+        if download and _is_network_error(err):
+            reason = err.reason if isinstance(err, urllib.error.URLError) else err
+            return UsageError(
+                f"could not download {name}: {_one_line(reason)}; check the network connection, "
+                f"or place the files under {root} yourself"
+            )
+        bad = _first_checksum_failure(self.files(root))
+        if bad is not None:
+            return _checksum_error(name, root, *bad)
+        missing = [f.path for f in self.files(root) if f.required and not f.path.is_file()]
+        if missing:
+            where = missing[0].relative_to(root)
+            if download:
+                return UsageError(
+                    f"{name}: {where} is missing under {root} after the download; delete the "
+                    f"downloaded files and run {_prepare_command(name, root)} again"
+                )
+            return UsageError(
+                f"dataset {name!r} is not under {root} (missing {where}); run "
+                f"{_prepare_command(name, root)} to download it, or place the files there"
+            )
+        return UsageError(
+            f"could not read {name} from {root}: {_one_line(err)}; delete its files and run "
+            f"{_prepare_command(name, root)} to download them again"
+        )
+
+
+def _is_network_error(err: BaseException) -> bool:
+    if isinstance(err, (urllib.error.URLError, ConnectionError, TimeoutError, socket.gaierror)):
+        return True
+    # MNIST folds every mirror's failure into one RuntimeError; a corrupt download says so.
+    text = str(err)
+    return isinstance(err, RuntimeError) and text.startswith("Error downloading") and "corrupted" not in text
+
+
+def _first_checksum_failure(files: Sequence[_File]) -> tuple[Path, str, str] | None:
+    for f in files:
+        if f.md5 is None or not f.path.is_file():
+            continue
+        try:
+            got = _md5(f.path)
+        except OSError:  # unreadable (e.g. permissions): the caller's fallback message says why
+            continue
+        if got != f.md5:
+            return f.path, got, f.md5
+    return None
+
+
+def _prepare_command(name: str, root: Path) -> str:
+    return f"`fedfactor prepare-data --dataset {name} --root {shlex.quote(str(root))}`"
+
+
+def _checksum_error(name: str, root: Path, path: Path, got: str, expected: str) -> UsageError:
+    return UsageError(
+        f"{path} failed its checksum (md5 {got}, expected {expected}); delete it and run "
+        f"{_prepare_command(name, root)} to download it again"
+    )
+
+
+class _Cifar(_Torchvision):
+    def __init__(self, info: DatasetInfo, class_name: str):
+        super().__init__(info)
+        self.class_name = class_name
+
+    def _cls(self) -> Any:
+        from torchvision import datasets
+
+        return getattr(datasets, self.class_name)
+
+    def files(self, root: Path) -> list[_File]:
+        cls = self._cls()
+        folder = root / cls.base_folder
+        listed = [_File(folder / f, md5, True) for f, md5 in cls.train_list + cls.test_list]
+        return listed + [
+            _File(folder / cls.meta["filename"], cls.meta["md5"], True),
+            _File(root / cls.filename, cls.tgz_md5, False),
+        ]
+
+    def read(self, root: Path, download: bool) -> _Arrays:
+        cls = self._cls()
+        train = cls(str(root), train=True, download=download)
+        test = cls(str(root), train=False)
+        return _Arrays(
+            _hwc_to_chw(train.data), _labels(train.targets), _hwc_to_chw(test.data), _labels(test.targets)
+        )
+
+
+class _Svhn(_Torchvision):
+    SPLITS = ("train", "test")  # the 531k-image "extra" split is not used
+
+    def files(self, root: Path) -> list[_File]:
+        from torchvision.datasets import SVHN
+
+        return [_File(root / SVHN.split_list[s][1], SVHN.split_list[s][2], True) for s in self.SPLITS]
+
+    def read(self, root: Path, download: bool) -> _Arrays:
+        from torchvision.datasets import SVHN
+
+        train, test = (SVHN(str(root), split=s, download=download) for s in self.SPLITS)
+        # torchvision already maps SVHN's label 10 to digit 0 and transposes X to [N, C, H, W].
+        return _Arrays(train.data, _labels(train.labels), test.data, _labels(test.labels))
+
+
+class _Mnist(_Torchvision):
+    def files(self, root: Path) -> list[_File]:
+        from torchvision.datasets import MNIST
+
+        raw = root / MNIST.__name__ / "raw"
+        # torchvision only checksums the .gz downloads; the extracted files are checked for presence.
+        archives = [_File(raw / gz, md5, False) for gz, md5 in MNIST.resources]
+        extracted = [_File(raw / gz.removesuffix(".gz"), None, True) for gz, _ in MNIST.resources]
+        return extracted + archives
+
+    def read(self, root: Path, download: bool) -> _Arrays:
+        from torchvision.datasets import MNIST
+
+        train = MNIST(str(root), train=True, download=download)
+        test = MNIST(str(root), train=False)
+        # Unlike CIFAR and SVHN, torchvision never re-checks MNIST's archives once they are
+        # extracted (and cannot check the extracted files), so check the archives still present.
+        bad = _first_checksum_failure(self.files(root))
+        if bad is not None:
+            raise _checksum_error(self._info.name, root, *bad)
+        # torchvision's MNIST images are [N, 28, 28]: add the channel axis.
+        x_train, x_test = train.data.numpy()[:, None], test.data.numpy()[:, None]
+        return _Arrays(x_train, _labels(train.targets), x_test, _labels(test.targets))
+
+
+def _hwc_to_chw(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(x).transpose(0, 3, 1, 2))
+
+
+def _labels(y: Any) -> np.ndarray:
+    if isinstance(y, torch.Tensor):
+        y = y.numpy()
+    return np.asarray(y, dtype=np.int64).reshape(-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# npz:PATH: bring your own arrays
+
+_NPZ_HELP = (
+    "an npz dataset holds x (N x H x W or N x C x H x W), y (N integer labels), optionally x_test and y_test"
+)
+
+
+class _Npz(_Source):
+    def info(self, arg: str, root: Path) -> DatasetInfo:
+        path = _npz_path(arg)
+        return _check_npz(arg, path, _npz_headers(path), _read_npz(path, ("y", "y_test")))
+
+    def arrays(self, arg: str, root: Path, download: bool) -> _Arrays:
+        path = _npz_path(arg)
+        loaded = _read_npz(path, ("x", "y", "x_test", "y_test"))
+        headers = {k: (v.shape, v.dtype) for k, v in loaded.items() if k.startswith("x")}
+        _check_npz(arg, path, headers, {k: v for k, v in loaded.items() if k.startswith("y")})
+        x = _as_nchw(loaded["x"])
+        x_test = _as_nchw(loaded["x_test"]) if "x_test" in loaded else _empty_like(x)
+        y_test = loaded.get("y_test", np.zeros(0, dtype=np.int64))
+        for key, part in (("x", x), ("x_test", x_test)):
+            if part.dtype.kind == "f" and not np.isfinite(part).all():
+                raise UsageError(f"{path}: {key} holds NaN or infinite values; replace them before loading")
+        return _Arrays(x, loaded["y"].astype(np.int64), x_test, y_test.astype(np.int64))
+
+
+def _npz_path(arg: str) -> Path:
+    if not arg:
+        raise UsageError("npz: needs a file path after the colon, e.g. npz:data/my_arrays.npz")
+    path = Path(arg).expanduser()
+    if not path.is_file():
+        raise UsageError(f"npz file {path} does not exist; pass an existing .npz file as npz:PATH")
+    return path
+
+
+def _read_npz(path: Path, keys: Sequence[str]) -> dict[str, np.ndarray]:
+    """The arrays among `keys` that the file holds; pickled (object) arrays are refused."""
+    unreadable = (ValueError, OSError, EOFError, zipfile.BadZipFile)
+    try:
+        f = np.load(path, allow_pickle=False)
+    except unreadable as err:
+        raise UsageError(f"cannot read {path} as an .npz file ({_one_line(err)}); {_NPZ_HELP}") from None
+    if not isinstance(f, np.lib.npyio.NpzFile):
+        raise UsageError(f"{path} holds a single array, not an .npz archive; {_NPZ_HELP}")
+    try:
+        with f:
+            return {k: f[k] for k in keys if k in f.files}
+    except unreadable as err:
+        raise UsageError(f"cannot read the arrays in {path} ({_one_line(err)}); {_NPZ_HELP}") from None
+
+
+def _npz_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Shape and dtype of the x arrays from their .npy headers, without reading the data."""
+    out: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for key in ("x", "x_test"):
+                if f"{key}.npy" not in zf.namelist():
+                    continue
+                with zf.open(f"{key}.npy") as fh:
+                    version = np.lib.format.read_magic(fh)
+                    if version == (1, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
+                    elif version == (2, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+                    else:  # the rare utf-8 header format: fall back to reading the array
+                        arr = _read_npz(path, (key,))[key]
+                        shape, dtype = arr.shape, arr.dtype
+                out[key] = (tuple(shape), np.dtype(dtype))
+    except (zipfile.BadZipFile, ValueError, OSError) as err:
+        raise UsageError(f"cannot read {path} as an .npz file ({_one_line(err)}); {_NPZ_HELP}") from None
+    return out
+
+
+def _check_npz(
+    arg: str,
+    path: Path,
+    headers: dict[str, tuple[tuple[int, ...], np.dtype]],
+    labels: dict[str, np.ndarray],
+) -> DatasetInfo:
+    """Validate what an npz holds (x by shape and dtype only) and return its DatasetInfo."""
+    missing = [k for k, present in (("x", "x" in headers), ("y", "y" in labels)) if not present]
+    if missing:
+        raise UsageError(f"{path} has no array {' or '.join(map(repr, missing))}; {_NPZ_HELP}")
+    if ("x_test" in headers) != ("y_test" in labels):
+        raise UsageError(f"{path} has only one of x_test and y_test; save both or neither")
+    image_shape: tuple[int, ...] | None = None
+    for xk, yk in (("x", "y"), ("x_test", "y_test")):
+        if xk not in headers:
+            continue
+        shape, dtype = headers[xk]
+        if len(shape) not in (3, 4):
+            raise UsageError(f"{path}: {xk} has shape {shape}; it must be N x H x W or N x C x H x W")
+        if dtype.kind not in "biuf":
+            raise UsageError(f"{path}: {xk} has dtype {dtype}; it must hold numbers (int, uint or float)")
+        chw = shape[1:] if len(shape) == 4 else (1, *shape[1:])
+        if min(chw) < 1:
+            raise UsageError(f"{path}: {xk} has shape {shape}; channels, height and width must be >= 1")
+        if image_shape is not None and chw != image_shape:
+            raise UsageError(
+                f"{path}: x_test images are {chw} but x images are {image_shape}; they must match"
+            )
+        image_shape = chw
+        _check_labels(path, yk, labels[yk], shape[0], xk)
+    if headers["x"][0][0] == 0:
+        raise UsageError(f"{path}: x holds no samples; it needs at least one")
+    num_classes = int(max(int(y.max()) for y in labels.values() if y.size)) + 1
+    c, h, w = image_shape  # type: ignore[misc]
+    return DatasetInfo(NPZ_PREFIX + arg, int(c), int(h), int(w), num_classes, "none")
+
+
+def _check_labels(path: Path, key: str, y: np.ndarray, n: int, x_key: str) -> None:
+    if y.ndim != 1 or y.dtype.kind not in "iu":
+        raise UsageError(
+            f"{path}: {key} must be a 1-D array of integer labels (got {y.dtype} of shape {y.shape})"
+        )
+    if len(y) != n:
+        raise UsageError(f"{path}: {x_key} has {n} samples but {key} has {len(y)} labels; they must match")
+    if len(y) and int(y.min()) < 0:
+        raise UsageError(f"{path}: {key} holds the negative label {int(y.min())}; labels must be 0..K-1")
+
+
+def _as_nchw(x: np.ndarray) -> np.ndarray:
+    return x[:, None] if x.ndim == 3 else x
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry
+
+_ENTRIES: list[tuple[str, str, _Source]] = [
+    (
+        "digits",
+        "scikit-learn's bundled handwritten digits, 1,797 8x8 grey images, 10 classes (embedded, no download)",
+        _Digits(),
+    ),
+    (
+        "mnist",
+        "MNIST handwritten digits, 70,000 28x28 grey images, 10 classes (torchvision download)",
+        _Mnist(DatasetInfo("mnist", 1, 28, 28, 10, "crop")),
+    ),
+    (
+        "cifar10",
+        "CIFAR-10 objects, 60,000 32x32 colour images, 10 classes (torchvision download)",
+        _Cifar(DatasetInfo("cifar10", 3, 32, 32, 10, "crop_flip"), "CIFAR10"),
+    ),
+    (
+        "cifar100",
+        "CIFAR-100 objects, 60,000 32x32 colour images, 100 classes (torchvision download)",
+        _Cifar(DatasetInfo("cifar100", 3, 32, 32, 100, "crop_flip"), "CIFAR100"),
+    ),
+    (
+        "svhn",
+        "SVHN house-number digits, 99,289 32x32 colour images (train+test), 10 classes (torchvision download)",
+        _Svhn(DatasetInfo("svhn", 3, 32, 32, 10, "crop")),
+    ),
+    (
+        _NPZ_ENTRY,
+        "your own arrays in an .npz file: x (N x H x W or N x C x H x W), integer y, optional x_test/y_test",
+        _Npz(),
+    ),
+]
+for _name, _description, _source in _ENTRIES:
+    DATASETS.register(_name, _description)(_source)
+
+
+def _lookup(name: str) -> tuple[_Source, str]:
+    if not isinstance(name, str):
+        raise UsageError(
+            f"dataset name must be a string, got {name!r}; choose one of: {', '.join(DATASETS.names())}"
+        )
+    if name.startswith(NPZ_PREFIX):
+        return DATASETS.get(_NPZ_ENTRY), name[len(NPZ_PREFIX) :]
+    return DATASETS.get(name), name
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+
+
+def dataset_info(name: str, root: str | Path = "data") -> DatasetInfo:
+    """Static facts about a dataset, without loading it (an npz file's headers and labels only)."""
+    source, arg = _lookup(name)
+    return source.info(arg, Path(root).expanduser())
+
+
+def load_dataset(
+    name: str, root: str | Path = "data", download: bool = False, device: str | torch.device = "cpu"
+) -> Dataset:
+    """All samples of a dataset, pooled and normalised with the official-train part's statistics."""
+    source, arg = _lookup(name)
+    dev = _device(device)  # before the (slow) load, so a bad device fails at once
+    root = Path(root).expanduser()
+    info = source.info(arg, root)
+    arrays = source.arrays(arg, root, download)
+    _check_arrays(info, arrays, root)
+    mean, std = _channel_stats(arrays.x_train)
+    x = _normalise([arrays.x_train, arrays.x_test], mean, std)
+    y = torch.from_numpy(np.concatenate([arrays.y_train, arrays.y_test]))
+    return Dataset(info, x.to(dev), y.to(dev), len(arrays.y_train))
+
+
+def prepare_dataset(name: str, root: str | Path = "data") -> dict:
+    """Download (if needed) and verify a dataset; returns a JSON-ready summary of it."""
+    source, arg = _lookup(name)
+    root = Path(root).expanduser()
+    info = source.info(arg, root)
+    arrays = source.arrays(arg, root, download=True)
+    _check_arrays(info, arrays, root)
+    y = np.concatenate([arrays.y_train, arrays.y_test])
+    return {
+        "dataset": info.name,
+        "samples": int(len(y)),
+        "official_train": int(len(arrays.y_train)),
+        "official_test": int(len(arrays.y_test)),
+        "num_classes": info.num_classes,
+        "shape": [info.channels, info.height, info.width],
+        "class_counts": [int(c) for c in np.bincount(y, minlength=info.num_classes)],
+    }
+
+
+def make_splits(
+    n: int,
+    n_official_train: int,
+    fractions: Sequence[float] = (0.8, 0.1, 0.1),
+    mode: str = "pooled",
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
+    """Seeded train/val/test indices into the pooled samples, each sorted ascending (int64).
+
+    "pooled" follows Factorized-FL's official code: shuffle all n, take train, then test, and
+    leave the remainder to val. "official" keeps the official test part as test and cuts the
+    official-train part into train and val in the ratio of their fractions.
+    """
+    f_train, f_val, f_test = _check_split_args(n, n_official_train, fractions, mode)
+    rng = np.random.default_rng(seed)
+    if mode == "pooled":
+        perm = rng.permutation(n)
+        n_train = round(n * f_train)
+        n_test = min(round(n * f_test), n - n_train)
+        test_end = n_train + n_test
+        parts = {"train": perm[:n_train], "test": perm[n_train:test_end], "val": perm[test_end:]}
+    else:
+        if n_official_train == n:
+            raise UsageError("this dataset has no official test part; use split mode 'pooled'")
+        if f_train + f_val == 0:
+            raise UsageError("split mode 'official' needs a train or val fraction above 0")
+        perm = rng.permutation(n_official_train)
+        n_train = round(n_official_train * f_train / (f_train + f_val))
+        parts = {"train": perm[:n_train], "val": perm[n_train:], "test": np.arange(n_official_train, n)}
+    return {k: np.sort(parts[k]).astype(np.int64) for k in ("train", "val", "test")}
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers for the public API
+
+
+def _check_split_args(
+    n: int, n_official_train: int, fractions: Sequence[float], mode: str
+) -> tuple[float, float, float]:
+    if mode not in SPLIT_MODES:
+        raise UsageError(f"unknown split mode {mode!r}; choose one of: {', '.join(SPLIT_MODES)}")
+    if not (isinstance(n, (int, np.integer)) and isinstance(n_official_train, (int, np.integer))):
+        raise UsageError(f"n and n_official_train must be integers (got {n!r} and {n_official_train!r})")
+    if n < 0 or not 0 <= n_official_train <= n:
+        raise UsageError(f"need 0 <= n_official_train <= n (got n={n}, n_official_train={n_official_train})")
+    try:
+        f = [float(v) for v in fractions]
+    except (TypeError, ValueError):
+        raise UsageError(
+            f"split fractions must be three numbers train, val, test summing to 1 (got {fractions!r})"
+        ) from None
+    if len(f) != 3 or any(not np.isfinite(v) or v < 0 for v in f) or abs(sum(f) - 1) > 1e-6:
+        raise UsageError(
+            f"split fractions must be three non-negative numbers train, val, test summing to 1 (got {f!r})"
+        )
+    return f[0], f[1], f[2]
+
+
+def _check_arrays(info: DatasetInfo, arrays: _Arrays, root: Path) -> None:
+    """Files that read fine but hold something else (e.g. a renamed dataset) fail here, not in training."""
+    expected = (info.channels, info.height, info.width)
+    for x, y in ((arrays.x_train, arrays.y_train), (arrays.x_test, arrays.y_test)):
+        if x.shape[1:] != expected or len(x) != len(y):
+            raise UsageError(
+                f"{info.name} under {root} holds {len(x)} images of shape {tuple(x.shape[1:])} and {len(y)} "
+                f"labels, expected images of shape {expected}; delete the files and download them again"
+            )
+        if len(y) and (y.min() < 0 or y.max() >= info.num_classes):
+            raise UsageError(
+                f"{info.name} under {root} has labels outside 0..{info.num_classes - 1}; "
+                "delete the files and download them again"
+            )
+
+
+def _channel_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and (population) std in float64, two passes over chunks for accuracy."""
+    count = x.shape[0] * x.shape[2] * x.shape[3]
+    total = np.zeros(x.shape[1])
+    for a in range(0, len(x), _CHUNK):
+        total += x[a : a + _CHUNK].sum(axis=(0, 2, 3), dtype=np.float64)
+    mean = total / count
+    squares = np.zeros(x.shape[1])
+    for a in range(0, len(x), _CHUNK):
+        d = x[a : a + _CHUNK].astype(np.float64) - mean[:, None, None]
+        squares += np.einsum("nchw,nchw->c", d, d)
+    std = np.sqrt(squares / count)
+    std[std == 0] = 1.0  # a constant channel carries no information; leave it centred, not NaN
+    return mean, std
+
+
+def _normalise(parts: Sequence[np.ndarray], mean: np.ndarray, std: np.ndarray) -> torch.Tensor:
+    """(x - mean) / std of the parts, stacked in order, as float32."""
+    out = torch.empty((sum(len(p) for p in parts), *parts[0].shape[1:]), dtype=torch.float32)
+    m32 = torch.from_numpy(mean).float()[:, None, None]
+    s32 = torch.from_numpy(std).float()[:, None, None]
+    start = 0
+    for part in parts:
+        target = out[start : start + len(part)]
+        if part.dtype.itemsize <= 2 or part.dtype == np.float32:
+            # Exact in float32 (8/16-bit pixels): cast-copy, then in place, with no temporaries;
+            # per-chunk temporaries made this several times slower (fresh pages every chunk).
+            target.copy_(torch.from_numpy(np.ascontiguousarray(part)))
+            target.sub_(m32).div_(s32)
+        else:
+            # Wider inputs (e.g. float64 with a large offset and a small spread) stay float64
+            # until after the subtraction, chunk by chunk to bound the temporaries.
+            m64, s64 = torch.from_numpy(mean)[:, None, None], torch.from_numpy(std)[:, None, None]
+            for a in range(0, len(part), _CHUNK):
+                chunk = torch.from_numpy(np.ascontiguousarray(part[a : a + _CHUNK])).double()
+                target[a : a + len(chunk)] = (chunk - m64) / s64
+        start += len(part)
+    return out
+
+
+def _device(device: str | torch.device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise UsageError(f"device {device!r} is not a torch device; use cpu or cuda[:N]") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"device {device!r} asked for, but no CUDA device is available; use cpu")
+    return dev

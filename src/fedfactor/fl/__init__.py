@@ -1,0 +1,1 @@
+"""The federated simulator: state helpers, communication meter, local training, the round loop."""

@@ -1,0 +1,47 @@
+"""Model and server state as plain dicts of tensors.
+
+Keeping every piece of run state in dicts (not in module objects) lets one model object serve all
+clients and lets a run be checkpointed by saving dicts.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import torch
+
+State = dict[str, torch.Tensor]
+
+
+def clone(state: Mapping[str, torch.Tensor]) -> State:
+    return {k: v.detach().clone() for k, v in state.items()}
+
+
+def select(state: Mapping[str, torch.Tensor], keys: Iterable[str]) -> State:
+    return {k: state[k] for k in keys}
+
+
+def weighted_average(states: list[Mapping[str, torch.Tensor]], weights: Iterable[float]) -> State:
+    """sum_i w_i * state_i / sum_i w_i, key by key, over stacked tensors.
+
+    Accumulates in float64 so the mean of identical tensors is that tensor exactly and the result
+    does not depend on the order of the clients beyond float64 rounding.
+    """
+    w = torch.tensor(list(weights), dtype=torch.float64)
+    if len(states) == 0 or len(w) != len(states):
+        raise ValueError("weighted_average needs one weight per state and at least one state")
+    if (w < 0).any() or w.sum() <= 0:
+        raise ValueError("weights must be non-negative with a positive sum")
+    w = w / w.sum()
+    out: State = {}
+    for key in states[0]:
+        ref = states[0][key]
+        stacked = torch.stack([s[key] for s in states]).to(torch.float64)
+        ww = w.to(stacked.device).view(-1, *([1] * ref.dim()))
+        out[key] = (stacked * ww).sum(0).to(ref.dtype)
+    return out
+
+
+def nbytes(payload: Mapping[str, torch.Tensor]) -> int:
+    """Bytes on the wire: element count x element size, summed over every tensor sent."""
+    return sum(t.numel() * t.element_size() for t in payload.values())

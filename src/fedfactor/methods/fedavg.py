@@ -1,0 +1,7 @@
+from .base import Method
+from . import METHODS
+
+
+@METHODS.register("fedavg", "FedAvg (McMahan et al. 2017): sample-size weighted average of all shared parameters")
+class FedAvg(Method):
+    name = "fedavg"

@@ -1,0 +1,11 @@
+from .base import Method
+from . import METHODS
+
+
+@METHODS.register("local", "Stand-Alone: every client trains only on its own data and shares nothing")
+class Local(Method):
+    name = "local"
+
+    def __init__(self, ctx, **params):
+        super().__init__(ctx, **params)
+        self.shared = []

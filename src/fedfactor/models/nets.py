@@ -1,0 +1,119 @@
+"""The backbones: ResNet-9 (Factorized-FL), a McMahan-style CNN and an MLP.
+
+Every model keeps its classifier in `self.head` (a final nn.Linear) and everything else in
+`self.body`, so personalisation methods can split a state dict by the "head." prefix.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..errors import UsageError
+from ..registry import Registry
+
+ModelFactory = Callable[[int, int, int, int], nn.Module]
+MODELS: Registry[ModelFactory] = Registry("model")
+
+
+class HeadedModel(nn.Module):
+    """body (features) -> head (nn.Linear classifier)."""
+
+    head_name = "head"
+
+    def __init__(self, body: nn.Module, head: nn.Linear):
+        super().__init__()
+        self.body = body
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def conv_bn(
+    c_in: int, c_out: int, kernel: int = 3, stride: int = 1, padding: int = 1
+) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=padding, bias=False),
+        nn.BatchNorm2d(c_out),
+        nn.ReLU(),
+    )
+
+
+class Residual(nn.Module):
+    def __init__(self, *layers: nn.Module):
+        super().__init__()
+        self.f = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.f(x)
+
+
+def _resnet9_out_size(size: int) -> int:
+    """Spatial size after ResNet-9's conv2 (stride 2), max-pool and unpadded conv8."""
+    return ((size - 1) // 2 + 1) // 2 - 2
+
+
+def resnet9_min_input() -> int:
+    return next(s for s in range(1, 64) if _resnet9_out_size(s) >= 1)
+
+
+@MODELS.register("resnet9", "ResNet-9 of the Factorized-FL supplement (Table 4), 2.57M weights")
+def resnet9(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
+    if min(_resnet9_out_size(height), _resnet9_out_size(width)) < 1:
+        m = resnet9_min_input()
+        raise UsageError(
+            f"resnet9 needs inputs of at least {m}x{m} pixels (got {height}x{width}); "
+            "use the cnn or mlp model for smaller images"
+        )
+    body = nn.Sequential(
+        conv_bn(channels, 64, kernel=3, stride=1, padding=1),
+        conv_bn(64, 128, kernel=5, stride=2, padding=2),
+        Residual(conv_bn(128, 128), conv_bn(128, 128)),
+        conv_bn(128, 256, kernel=3, padding=1),
+        nn.MaxPool2d(2),
+        Residual(conv_bn(256, 256), conv_bn(256, 256)),
+        conv_bn(256, 256, kernel=3, stride=1, padding=0),
+        nn.AdaptiveMaxPool2d(1),
+        nn.Flatten(),
+    )
+    return HeadedModel(body, nn.Linear(256, num_classes))
+
+
+@MODELS.register("cnn", "McMahan-style CNN: 2 conv (32, 64, 5x5) + 2 FC (512); 8x8 and up")
+def cnn(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
+    if height < 4 or width < 4:
+        raise UsageError(f"cnn needs inputs of at least 4x4 pixels (got {height}x{width})")
+    body = nn.Sequential(
+        nn.Conv2d(channels, 32, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * (height // 4) * (width // 4), 512),
+        nn.ReLU(),
+    )
+    return HeadedModel(body, nn.Linear(512, num_classes))
+
+
+@MODELS.register("mlp", "MLP: flatten, one hidden layer of 200 ReLU units")
+def mlp(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
+    body = nn.Sequential(
+        nn.Flatten(), nn.Linear(channels * height * width, 200), nn.ReLU()
+    )
+    return HeadedModel(body, nn.Linear(200, num_classes))
+
+
+def build_model(name: str, channels: int, height: int, width: int, num_classes: int) -> nn.Module:
+    """Build a freshly initialised model; the caller seeds torch beforehand."""
+    factory = MODELS.get(name)
+    sizes = {"channels": channels, "height": height, "width": width, "num_classes": num_classes}
+    for what, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise UsageError(f"model {what} must be an integer >= 1 (got {value!r})")
+    return factory(*(int(v) for v in sizes.values()))

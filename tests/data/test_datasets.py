@@ -1,0 +1,515 @@
+"""Dataset loading, normalisation, splits, and the torchvision paths against tiny real-format files.
+
+The torchvision tests write small files in each dataset's real on-disk format under a temporary
+root and patch the md5 constants on torchvision's classes, so torchvision's own integrity checks
+and readers run unchanged, with no network.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import http.server
+import pickle
+import socket
+import struct
+import tarfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.io
+import torch
+from torchvision import datasets as tvd
+
+from fedfactor.data import DATASETS, dataset_info, load_dataset, make_splits, prepare_dataset
+from fedfactor.errors import UsageError
+
+
+def md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def expected_x(parts: list[np.ndarray]) -> np.ndarray:
+    """What load_dataset should return: parts stacked, normalised with the first part's stats."""
+    train = parts[0].astype(np.float64)
+    mean = train.mean(axis=(0, 2, 3), keepdims=True)
+    std = train.std(axis=(0, 2, 3), keepdims=True)
+    return (np.concatenate(parts).astype(np.float64) - mean) / std
+
+
+def images(rng: np.random.Generator, n: int, c: int, h: int) -> np.ndarray:
+    return rng.integers(0, 256, size=(n, c, h, h), dtype=np.uint8)
+
+
+def assert_one_line(err: pytest.ExceptionInfo) -> str:
+    text = str(err.value)
+    assert "\n" not in text and text.strip() == text and text
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Real-format writers
+
+
+def write_cifar(root: Path, cls: type, n_train: int = 15, n_test: int = 4, seed: int = 0) -> dict:
+    """cifar-10-batches-py/data_batch_1..5 + test_batch + batches.meta, or cifar-100-python/
+    train + test + meta: pickled dicts with data [n, 3072] (CHW order) and label lists."""
+    rng = np.random.default_rng(seed)
+    folder = root / cls.base_folder
+    folder.mkdir(parents=True)
+    is_100 = cls is tvd.CIFAR100
+    classes = 100 if is_100 else 10
+    label_key = "fine_labels" if is_100 else "labels"
+
+    def dump(name: str, x: np.ndarray, y: np.ndarray) -> None:
+        entry = {"data": x.reshape(len(x), -1), label_key: y.tolist(), "filenames": ["f.png"] * len(x)}
+        if is_100:
+            entry["coarse_labels"] = (y // 5).tolist()
+        (folder / name).write_bytes(pickle.dumps(entry))
+
+    train_names = [f for f, _ in cls.train_list]
+    per_file = [n_train // len(train_names)] * len(train_names)  # CIFAR-10 has 5 files, CIFAR-100 one
+    xs = [images(rng, n, 3, 32) for n in per_file]
+    ys = [rng.integers(0, classes, size=n) for n in per_file]
+    for name, x, y in zip(train_names, xs, ys):
+        dump(name, x, y)
+    x_test, y_test = images(rng, n_test, 3, 32), rng.integers(0, classes, size=n_test)
+    dump(cls.test_list[0][0], x_test, y_test)
+    meta_key = cls.meta["key"]
+    (folder / cls.meta["filename"]).write_bytes(pickle.dumps({meta_key: [f"c{i}" for i in range(classes)]}))
+    return {
+        "x": [np.concatenate(xs), x_test],
+        "y": np.concatenate([*ys, y_test]),
+        "train_list": [[f, md5(folder / f)] for f in train_names],
+        "test_list": [[cls.test_list[0][0], md5(folder / cls.test_list[0][0])]],
+        "meta": {**cls.meta, "md5": md5(folder / cls.meta["filename"])},
+    }
+
+
+def patch_cifar(monkeypatch: pytest.MonkeyPatch, cls: type, written: dict) -> None:
+    for attr in ("train_list", "test_list", "meta"):
+        monkeypatch.setattr(cls, attr, written[attr])
+
+
+def write_svhn(folder: Path, n_train: int = 7, n_test: int = 5, seed: int = 1) -> dict:
+    """train_32x32.mat / test_32x32.mat: X is H x W x C x N uint8, y is N x 1 with 10 for digit 0."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    out: dict = {"x": [], "y": [], "split_list": {}}
+    for split, n in (("train", n_train), ("test", n_test)):
+        x = images(rng, n, 3, 32)
+        digits = np.arange(n) % 10  # every split holds a 0, stored as 10
+        raw = np.where(digits == 0, 10, digits).astype(np.uint8)[:, None]
+        path = folder / f"{split}_32x32.mat"
+        scipy.io.savemat(path, {"X": x.transpose(2, 3, 1, 0), "y": raw})
+        out["x"].append(x)
+        out["y"].append(digits)
+        url, name, _ = tvd.SVHN.split_list[split]
+        out["split_list"][split] = [url, name, md5(path)]
+    out["split_list"]["extra"] = tvd.SVHN.split_list["extra"]
+    out["y"] = np.concatenate(out["y"])
+    return out
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    """The idx format: magic (0x08 = uint8, then the number of dims), big-endian dims, data."""
+    header = struct.pack(">I", 0x0800 + array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    return header + array.astype(np.uint8).tobytes()
+
+
+def write_mnist(folder: Path, gz_only: bool = False, n_train: int = 6, n_test: int = 3, seed: int = 2) -> dict:
+    """MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte, plus the .gz torchvision downloads."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    out: dict = {"x": [], "y": [], "resources": []}
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        x = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        y = rng.integers(0, 10, size=n)
+        for name, arr in ((f"{prefix}-images-idx3-ubyte", x), (f"{prefix}-labels-idx1-ubyte", y)):
+            data = idx_bytes(arr)
+            if not gz_only:
+                (folder / name).write_bytes(data)
+            gz = folder / f"{name}.gz"
+            gz.write_bytes(gzip.compress(data))
+            out["resources"].append((gz.name, md5(gz)))
+        out["x"].append(x[:, None])
+        out["y"].append(y)
+    out["y"] = np.concatenate(out["y"])
+    return out
+
+
+def check_loaded(ds, written: dict, n_train: int) -> None:
+    assert ds.n_official_train == n_train
+    assert ds.x.dtype == torch.float32 and ds.y.dtype == torch.int64
+    np.testing.assert_array_equal(ds.y.numpy(), written["y"])
+    np.testing.assert_allclose(ds.x.numpy(), expected_x(written["x"]), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry, info, digits
+
+
+def test_registry_lists_every_dataset_with_one_line_descriptions():
+    names = [n for n, _ in DATASETS.describe()]
+    assert names == ["cifar10", "cifar100", "digits", "mnist", "npz:PATH", "svhn"]
+    assert all(d and "\n" not in d for _, d in DATASETS.describe())
+
+
+@pytest.mark.parametrize(
+    "name, shape, classes, augment",
+    [
+        ("digits", (1, 8, 8), 10, "none"),
+        ("mnist", (1, 28, 28), 10, "crop"),
+        ("cifar10", (3, 32, 32), 10, "crop_flip"),
+        ("cifar100", (3, 32, 32), 100, "crop_flip"),
+        ("svhn", (3, 32, 32), 10, "crop"),
+    ],
+)
+def test_dataset_info_is_static_and_needs_no_files(tmp_path, name, shape, classes, augment):
+    info = dataset_info(name, tmp_path)
+    assert (info.name, (info.channels, info.height, info.width), info.num_classes, info.augment) == (
+        name, shape, classes, augment
+    )
+
+
+def test_unknown_dataset_names_the_choices():
+    with pytest.raises(UsageError, match="choose one of: cifar10, cifar100, digits, mnist, npz:PATH, svhn"):
+        dataset_info("imagenet")
+    with pytest.raises(UsageError, match="choose one of"):
+        load_dataset("imagenet")
+
+
+def test_digits_loads_pooled_and_normalised():
+    ds = load_dataset("digits")
+    assert ds.x.shape == (1797, 1, 8, 8) and ds.x.dtype == torch.float32
+    assert ds.y.shape == (1797,) and ds.y.dtype == torch.int64
+    assert ds.n_official_train == 1797 and ds.info.num_classes == 10
+    assert set(ds.y.tolist()) == set(range(10))
+    x = ds.x[: ds.n_official_train].double()
+    assert abs(x.mean().item()) < 1e-5 and abs(x.std(unbiased=False).item() - 1) < 1e-5
+    # pixel value 0 maps to -mean/std, the smallest value
+    assert ds.x.min().item() < -0.5
+
+
+def test_prepare_digits_summary_is_json_ready():
+    summary = prepare_dataset("digits")
+    assert summary["dataset"] == "digits"
+    assert (summary["samples"], summary["official_train"], summary["official_test"]) == (1797, 1797, 0)
+    assert summary["shape"] == [1, 8, 8] and summary["num_classes"] == 10
+    assert len(summary["class_counts"]) == 10 and sum(summary["class_counts"]) == 1797
+    assert all(type(v) is int for v in summary["class_counts"])
+
+
+def test_bad_device_is_a_usage_error():
+    with pytest.raises(UsageError, match="not a torch device"):
+        load_dataset("digits", device="gpu0")
+
+
+# ---------------------------------------------------------------------------------------------
+# make_splits
+
+
+@pytest.mark.parametrize("n, counts", [(60000, (48000, 6000, 6000)), (99289, (79431, 9929, 9929))])
+def test_pooled_split_counts_match_the_official_code(n, counts):
+    s = make_splits(n, n - 10000, (0.8, 0.1, 0.1), "pooled", seed=0)
+    assert (len(s["train"]), len(s["val"]), len(s["test"])) == counts
+
+
+def test_pooled_splits_are_disjoint_sorted_covering_and_seeded():
+    n = 1000
+    s = make_splits(n, 800, seed=3)
+    everything = np.concatenate([s["train"], s["val"], s["test"]])
+    assert np.array_equal(np.sort(everything), np.arange(n))
+    for idx in s.values():
+        assert idx.dtype == np.int64 and np.all(np.diff(idx) > 0)
+    again = make_splits(n, 800, seed=3)
+    assert all(np.array_equal(s[k], again[k]) for k in s)
+    other = make_splits(n, 800, seed=4)
+    assert not np.array_equal(s["test"], other["test"])
+    # pooled mode mixes official test samples (>= 800) into train
+    assert np.any(s["train"] >= 800)
+
+
+def test_pooled_order_is_train_then_test_then_val():
+    perm = np.random.default_rng(5).permutation(100)
+    s = make_splits(100, 100, (0.7, 0.2, 0.1), seed=5)
+    assert np.array_equal(s["train"], np.sort(perm[:70]))
+    assert np.array_equal(s["test"], np.sort(perm[70:80]))
+    assert np.array_equal(s["val"], np.sort(perm[80:]))
+
+
+def test_official_split_keeps_the_official_test_part():
+    s = make_splits(1000, 700, (0.8, 0.1, 0.1), "official", seed=0)
+    assert np.array_equal(s["test"], np.arange(700, 1000))
+    assert np.all(s["train"] < 700) and np.all(s["val"] < 700)
+    assert len(s["train"]) == round(700 * 0.8 / 0.9) and len(s["train"]) + len(s["val"]) == 700
+    assert len(np.intersect1d(s["train"], s["val"])) == 0
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((100, 100, (0.8, 0.1, 0.1), "official"), "no official test part"),
+        ((100, 50, (0.8, 0.1, 0.2), "pooled"), "sum"),
+        ((100, 50, (1.1, -0.1, 0.0), "pooled"), "non-negative"),
+        ((100, 50, (0.5, 0.5), "pooled"), "three"),
+        ((100, 50, (0.8, 0.1, 0.1), "random"), "split mode"),
+        ((100, 150, (0.8, 0.1, 0.1), "pooled"), "n_official_train"),
+    ],
+)
+def test_bad_split_arguments_are_usage_errors(args, match):
+    with pytest.raises(UsageError, match=match):
+        make_splits(*args)
+
+
+# ---------------------------------------------------------------------------------------------
+# npz:PATH
+
+
+def test_npz_3d_and_4d_load(tmp_path):
+    rng = np.random.default_rng(0)
+    x3 = rng.integers(0, 255, size=(20, 6, 5)).astype(np.uint8)
+    y = np.arange(20) % 4
+    np.savez(tmp_path / "a.npz", x=x3, y=y)
+    ds = load_dataset(f"npz:{tmp_path / 'a.npz'}")
+    assert ds.x.shape == (20, 1, 6, 5) and ds.n_official_train == 20
+    assert ds.info == dataset_info(f"npz:{tmp_path / 'a.npz'}")
+    assert (ds.info.channels, ds.info.height, ds.info.width, ds.info.num_classes) == (1, 6, 5, 4)
+    np.testing.assert_allclose(ds.x.numpy(), expected_x([x3[:, None]]), atol=1e-5)
+
+    x4 = rng.normal(size=(10, 3, 4, 4)).astype(np.float64)
+    np.savez_compressed(tmp_path / "b.npz", x=x4, y=np.full(10, 6, dtype=np.int32))
+    ds = load_dataset(f"npz:{tmp_path / 'b.npz'}")
+    assert ds.x.shape == (10, 3, 4, 4) and ds.info.num_classes == 7 and ds.info.augment == "none"
+    np.testing.assert_allclose(ds.x.numpy(), expected_x([x4]), atol=1e-5)
+
+
+def test_npz_test_part_is_appended_and_normalised_with_train_stats(tmp_path):
+    rng = np.random.default_rng(1)
+    x, x_test = rng.normal(3, 2, size=(12, 2, 3, 3)), rng.normal(-5, 1, size=(4, 2, 3, 3))
+    y, y_test = np.arange(12) % 3, np.array([0, 1, 2, 9])
+    path = tmp_path / "c.npz"
+    np.savez(path, x=x, y=y, x_test=x_test, y_test=y_test)
+    ds = load_dataset(f"npz:{path}")
+    assert ds.n_official_train == 12 and len(ds.y) == 16
+    assert ds.info.num_classes == 10  # max over train and test labels
+    np.testing.assert_array_equal(ds.y.numpy(), np.concatenate([y, y_test]))
+    np.testing.assert_allclose(ds.x.numpy(), expected_x([x, x_test]), atol=1e-5)
+    # the test part keeps its offset: it is not re-centred
+    assert ds.x[12:].mean().item() < -2
+    splits = make_splits(len(ds.y), ds.n_official_train, mode="official")
+    assert np.array_equal(splits["test"], np.arange(12, 16))
+
+
+@pytest.mark.parametrize(
+    "arrays, match",
+    [
+        ({"y": np.zeros(3, int)}, "no array 'x'"),
+        ({"x": np.zeros((3, 4, 4))}, "no array 'y'"),
+        ({"x": np.zeros((3, 4, 4)), "y": np.zeros(2, int)}, "3 samples but y has 2 labels"),
+        ({"x": np.zeros((3, 4, 4)), "y": np.array([0, -1, 1])}, "negative label"),
+        ({"x": np.zeros((3, 4)), "y": np.zeros(3, int)}, "N x H x W"),
+        ({"x": np.zeros((3, 4, 4)), "y": np.zeros(3)}, "integer labels"),
+        ({"x": np.zeros((3, 4, 4)), "y": np.zeros(3, int), "x_test": np.zeros((2, 4, 4))}, "x_test and y_test"),
+        (
+            {
+                "x": np.zeros((3, 4, 4)),
+                "y": np.zeros(3, int),
+                "x_test": np.zeros((2, 5, 5)),
+                "y_test": np.zeros(2, int),
+            },
+            "must match",
+        ),
+        ({"x": np.full((3, 4, 4), np.nan), "y": np.zeros(3, int)}, "NaN"),
+    ],
+)
+def test_bad_npz_files_are_usage_errors(tmp_path, arrays, match):
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(UsageError, match=match) as err:
+        load_dataset(f"npz:{path}")
+    assert_one_line(err)
+
+
+def test_missing_or_unreadable_npz_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="does not exist"):
+        dataset_info(f"npz:{tmp_path / 'nope.npz'}")
+    with pytest.raises(UsageError, match="does not exist"):
+        load_dataset(f"npz:{tmp_path / 'nope.npz'}")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip file at all")
+    with pytest.raises(UsageError, match="cannot read"):
+        load_dataset(f"npz:{tmp_path / 'junk.npz'}")
+    with pytest.raises(UsageError, match="needs a file path"):
+        load_dataset("npz:")
+
+
+# ---------------------------------------------------------------------------------------------
+# Torchvision datasets from real-format files
+
+
+@pytest.mark.parametrize("name, cls", [("cifar10", tvd.CIFAR10), ("cifar100", tvd.CIFAR100)])
+def test_cifar_loads_the_files_written(tmp_path, monkeypatch, name, cls):
+    written = write_cifar(tmp_path, cls)
+    patch_cifar(monkeypatch, cls, written)
+    ds = load_dataset(name, tmp_path)
+    check_loaded(ds, written, len(written["x"][0]))
+    assert ds.x.shape[1:] == (3, 32, 32)
+    summary = prepare_dataset(name, tmp_path)
+    assert summary["official_test"] == 4 and len(summary["class_counts"]) == ds.info.num_classes
+    assert summary["class_counts"] == np.bincount(written["y"], minlength=ds.info.num_classes).tolist()
+
+
+def test_svhn_loads_and_maps_label_10_to_0(tmp_path, monkeypatch):
+    written = write_svhn(tmp_path)
+    monkeypatch.setattr(tvd.SVHN, "split_list", written["split_list"])
+    ds = load_dataset("svhn", tmp_path)
+    check_loaded(ds, written, 7)
+    assert (ds.y == 0).sum().item() == 2 and ds.y.max().item() < 10  # the two stored 10s
+
+
+def test_mnist_loads_the_idx_files_written(tmp_path, monkeypatch):
+    written = write_mnist(tmp_path / "MNIST" / "raw")
+    monkeypatch.setattr(tvd.MNIST, "resources", written["resources"])
+    ds = load_dataset("mnist", tmp_path)
+    assert ds.x.shape == (9, 1, 28, 28)
+    check_loaded(ds, written, 6)
+
+
+def write_unpatched(name: str, root: Path) -> None:
+    """Real-format files whose md5s differ from the constants torchvision ships."""
+    if name == "cifar10":
+        write_cifar(root, tvd.CIFAR10)
+    elif name == "svhn":
+        write_svhn(root)
+    else:  # torchvision only checksums MNIST's .gz archives
+        write_mnist(root / "MNIST" / "raw")
+
+
+@pytest.mark.parametrize("name", ["cifar10", "svhn", "mnist"])
+def test_checksum_mismatch_is_a_usage_error(tmp_path, name):
+    write_unpatched(name, tmp_path)
+    with pytest.raises(UsageError, match="failed its checksum") as err:
+        load_dataset(name, tmp_path)
+    assert "delete it" in assert_one_line(err)
+
+
+@pytest.mark.parametrize("name", ["cifar10", "cifar100", "svhn", "mnist"])
+def test_missing_files_tell_the_user_to_prepare_data(tmp_path, name):
+    with pytest.raises(UsageError, match=f"fedfactor prepare-data --dataset {name}") as err:
+        load_dataset(name, tmp_path)
+    assert "checksum" not in assert_one_line(err)
+
+
+def test_one_missing_file_is_reported_as_missing_not_corrupt(tmp_path, monkeypatch):
+    written = write_cifar(tmp_path, tvd.CIFAR10)
+    patch_cifar(monkeypatch, tvd.CIFAR10, written)
+    (tmp_path / "cifar-10-batches-py" / "test_batch").unlink()
+    with pytest.raises(UsageError, match="missing cifar-10-batches-py/test_batch"):
+        load_dataset("cifar10", tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Downloads through torchvision's own downloader, from an HTTP server on localhost
+# (file:// URLs do not work: torchvision reads the HTTP response's `length`)
+
+
+@pytest.fixture
+def server(tmp_path):
+    """(folder, base URL): an HTTP server on 127.0.0.1 serving the folder, for this test only."""
+    folder = tmp_path / "server"
+    folder.mkdir()
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(folder), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield folder, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join()
+
+
+def closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"  # nothing listens there: connection refused
+
+
+def write_cifar_archive(folder: Path) -> tuple[dict, Path]:
+    written = write_cifar(folder, tvd.CIFAR10)
+    archive = folder / "cifar-10-python.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder / "cifar-10-batches-py", arcname="cifar-10-batches-py")
+    return written, archive
+
+
+def test_prepare_downloads_verifies_and_loads_cifar10(tmp_path, monkeypatch, server):
+    folder, base = server
+    root = tmp_path / "root"
+    written, archive = write_cifar_archive(folder)
+    patch_cifar(monkeypatch, tvd.CIFAR10, written)
+    monkeypatch.setattr(tvd.CIFAR10, "url", f"{base}/{archive.name}")
+    monkeypatch.setattr(tvd.CIFAR10, "tgz_md5", md5(archive))
+
+    with pytest.raises(UsageError, match="prepare-data"):
+        load_dataset("cifar10", root)  # download=False never downloads
+    summary = prepare_dataset("cifar10", root)
+    assert md5(root / archive.name) == md5(archive)
+    assert (root / "cifar-10-batches-py" / "data_batch_5").is_file()
+    assert (summary["samples"], summary["official_train"], summary["official_test"]) == (19, 15, 4)
+    check_loaded(load_dataset("cifar10", root), written, 15)
+
+
+def test_download_failing_its_checksum_is_a_usage_error(tmp_path, monkeypatch, server):
+    folder, base = server
+    written, archive = write_cifar_archive(folder)
+    patch_cifar(monkeypatch, tvd.CIFAR10, written)
+    monkeypatch.setattr(tvd.CIFAR10, "url", f"{base}/{archive.name}")
+    with pytest.raises(UsageError, match="cifar-10-python.tar.gz failed its checksum") as err:
+        prepare_dataset("cifar10", tmp_path / "root")  # tgz_md5 left at the real archive's md5
+    assert_one_line(err)
+
+
+def test_load_with_download_true_fetches_svhn(tmp_path, monkeypatch, server):
+    folder, base = server
+    written = write_svhn(folder)
+    split_list = {s: [f"{base}/{e[1]}", e[1], e[2]] for s, e in written["split_list"].items()}
+    monkeypatch.setattr(tvd.SVHN, "split_list", split_list)
+    check_loaded(load_dataset("svhn", tmp_path / "root", download=True), written, 7)
+
+
+def test_prepare_downloads_mnist_archives(tmp_path, monkeypatch, server):
+    folder, base = server
+    root = tmp_path / "root"
+    written = write_mnist(folder, gz_only=True)
+    monkeypatch.setattr(tvd.MNIST, "resources", written["resources"])
+    # the first mirror is down: torchvision moves on to the next
+    monkeypatch.setattr(tvd.MNIST, "mirrors", [closed_port_url() + "/", base + "/"])
+    summary = prepare_dataset("mnist", root)
+    assert (summary["official_train"], summary["official_test"], summary["shape"]) == (6, 3, [1, 28, 28])
+    check_loaded(load_dataset("mnist", root), written, 6)
+
+
+@pytest.mark.parametrize("name", ["cifar10", "svhn", "mnist"])
+def test_unreachable_download_is_a_one_line_usage_error(tmp_path, monkeypatch, name):
+    nowhere = closed_port_url()
+    if name == "cifar10":
+        monkeypatch.setattr(tvd.CIFAR10, "url", nowhere + "/cifar-10-python.tar.gz")
+    elif name == "svhn":
+        monkeypatch.setattr(
+            tvd.SVHN, "split_list", {s: [f"{nowhere}/{e[1]}", e[1], e[2]] for s, e in tvd.SVHN.split_list.items()}
+        )
+    else:
+        monkeypatch.setattr(tvd.MNIST, "mirrors", [nowhere + "/a/", nowhere + "/b/"])
+    with pytest.raises(UsageError, match=f"could not download {name}") as err:
+        prepare_dataset(name, tmp_path / "root")
+    assert "place the files" in assert_one_line(err)

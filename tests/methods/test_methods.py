@@ -1,0 +1,57 @@
+import torch
+
+from fedfactor.config import load_config
+from fedfactor.fl.simulator import Simulator
+from fedfactor.fl.state import weighted_average
+
+
+def _sim(tiny, *extra):
+    return Simulator(load_config(None, tiny + list(extra)))
+
+
+def test_fedavg_server_is_size_weighted_mean_of_uploads(tiny):
+    sim = _sim(tiny)
+    sim.run_round(1)
+    sizes = sim.ctx.train_sizes
+    expected = weighted_average([sim.method.upload(k, sim.states[k]) for k in range(4)], sizes)
+    assert set(sim.server["global"]) == set(sim.ctx.float_keys)
+    for key, value in expected.items():
+        assert torch.allclose(sim.server["global"][key], value, atol=1e-6)
+
+
+def test_fedavg_shares_all_float_state_but_never_a_local_head(tiny):
+    sim = _sim(tiny)
+    assert sim.method.upload(0, sim.states[0]).keys() == set(sim.ctx.float_keys)
+    sim = _sim(tiny, "partition.permute_labels=true")
+    sent = sim.method.upload(0, sim.states[0]).keys()
+    assert sim.ctx.head_keys and not set(sim.ctx.head_keys) & set(sent)
+    sim.run_round(1)
+    heads = [sim.states[k][sim.ctx.head_keys[0]] for k in range(4)]
+    assert not torch.equal(heads[0], heads[1])  # each client kept its own head
+
+
+def test_local_sends_nothing_and_clients_diverge(tiny):
+    sim = _sim(tiny, "method.name=local")
+    sim.run_round(1)
+    assert sim.meter.total == 0
+    key = sim.ctx.float_keys[0]
+    assert not torch.equal(sim.states[0][key], sim.states[1][key])
+
+
+
+def test_fedprox_mu_zero_is_fedavg_and_mu_pulls_towards_global(tiny):
+    runs = {}
+    for name, extra in {"fedavg": [], "prox0": ["method.name=fedprox", "method.mu=0"],
+                        "prox": ["method.name=fedprox", "method.mu=1.0"]}.items():
+        sim = _sim(tiny, *extra)
+        init = {k: v.clone() for k, v in sim.server["global"].items()}
+        sim.run_round(1)
+        runs[name] = (sim, init)
+    fedavg, prox0 = runs["fedavg"][0], runs["prox0"][0]
+    for key in fedavg.server["global"]:
+        assert torch.allclose(fedavg.server["global"][key], prox0.server["global"][key], atol=1e-6)
+
+    def drift(sim, init):
+        return sum(((sim.states[k][n] - init[n]) ** 2).sum().item() for k in range(4) for n in init)
+
+    assert drift(*runs["prox"]) < drift(*runs["fedavg"])

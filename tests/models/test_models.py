@@ -1,0 +1,84 @@
+"""Tests for fedfactor.models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from fedfactor.errors import UsageError
+from fedfactor.models import MODELS, build_model
+
+SHAPES = [
+    ("cnn", (1, 8, 8)),
+    ("mlp", (1, 8, 8)),
+    ("cnn", (1, 28, 28)),
+    ("mlp", (1, 28, 28)),
+    ("resnet9", (1, 28, 28)),
+    ("cnn", (3, 32, 32)),
+    ("mlp", (3, 32, 32)),
+    ("resnet9", (3, 32, 32)),
+]
+
+
+def test_registry_lists_every_model_with_a_one_line_description():
+    described = dict(MODELS.describe())
+    assert set(described) == {"resnet9", "cnn", "mlp"}
+    assert all(d and "\n" not in d for d in described.values())
+
+
+def test_resnet9_weight_count_matches_supplement_table4():
+    model = build_model("resnet9", 3, 32, 32, 10)
+    convs = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Conv2d))
+    assert convs + model.head.weight.numel() == 2_568_384
+    assert sum(isinstance(m, nn.Conv2d) for m in model.modules()) == 8
+    assert all(m.bias is None for m in model.modules() if isinstance(m, nn.Conv2d))
+
+
+@pytest.mark.parametrize("name, shape", SHAPES, ids=lambda v: str(v))
+def test_output_shapes(name, shape):
+    torch.manual_seed(0)
+    model = build_model(name, *shape, num_classes=7)
+    logits = model(torch.randn(3, *shape))
+    assert logits.shape == (3, 7)
+    logits.sum().backward()  # gradients reach the first layer of the body
+    first = next(p for n, p in model.named_parameters() if n.startswith("body."))
+    assert first.grad is not None and first.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", ["resnet9", "cnn", "mlp"])
+def test_head_is_the_final_linear_and_owns_the_head_keys(name):
+    model = build_model(name, 3, 32, 32, 13)
+    assert model.head_name == type(model).head_name == "head"
+    assert isinstance(model.head, nn.Linear) and model.head.out_features == 13
+    head_keys = {k for k in model.state_dict() if k.startswith("head.")}
+    assert head_keys == {f"head.{k}" for k in model.head.state_dict()}
+    assert head_keys == {"head.weight", "head.bias"}
+    body_keys = set(model.state_dict()) - head_keys
+    assert body_keys and all(k.startswith("body.") for k in body_keys)
+    # the body alone yields exactly the head's input features
+    features = model.body(torch.randn(2, 3, 32, 32))
+    assert features.shape == (2, model.head.in_features)
+
+
+def test_same_torch_seed_gives_the_same_model():
+    torch.manual_seed(1)
+    a = build_model("cnn", 1, 28, 28, 10).state_dict()
+    torch.manual_seed(1)
+    b = build_model("cnn", 1, 28, 28, 10).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resnet9_rejects_images_too_small():
+    with pytest.raises(UsageError, match="at least 11x11") as err:
+        build_model("resnet9", 1, 8, 8, 10)
+    assert "\n" not in str(err.value)
+    model = build_model("resnet9", 1, 11, 11, 10)  # the stated minimum really works
+    assert model(torch.randn(2, 1, 11, 11)).shape == (2, 10)
+
+
+def test_bad_model_requests():
+    with pytest.raises(UsageError, match="unknown model 'vgg'; choose one of: cnn, mlp, resnet9"):
+        build_model("vgg", 3, 32, 32, 10)
+    with pytest.raises(UsageError, match="num_classes must be an integer >= 1"):
+        build_model("mlp", 3, 32, 32, 0)

@@ -1,0 +1,18 @@
+rule table:
+    """Mean +- std over seeds per scenario and method, as markdown and csv."""
+    input:
+        expand(
+            f"{STUDY_DIR}/runs/{{scenario}}/{{method}}/seed{{seed}}/summary.json",
+            scenario=SCENARIOS,
+            method=METHODS,
+            seed=SEEDS,
+        ),
+    output:
+        md=f"{STUDY_DIR}/table.md",
+        csv=f"{STUDY_DIR}/table.csv",
+    params:
+        title=f"fedfactor study '{config['study']}'",
+    log:
+        f"{STUDY_DIR}/logs/table.log",
+    shell:
+        "fedfactor table {input:q} --out-md {output.md:q} --out-csv {output.csv:q} --title {params.title:q} > {log:q} 2>&1"
