@@ -5,7 +5,11 @@ from snakemake.utils import min_version, validate
 min_version("8.0")
 
 
-configfile: "config/config.yaml"
+# The default study, unless a study is given with --configfile (Snakemake would otherwise merge the
+# two, and the default's scenarios and methods would leak into every paper study).
+if "study" not in config:
+
+    configfile: "config/config.yaml"
 
 
 validate(config, "workflow/schemas/config.schema.yaml", set_default=True)

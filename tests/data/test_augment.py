@@ -108,10 +108,11 @@ def test_bad_arguments_are_usage_errors():
         augment_batch(torch.randn(8, 8), "crop", gen(0))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_runs_on_the_tensors_own_device():
-    x = torch.randn(16, 3, 32, 32, device="cuda")
-    g = torch.Generator(device="cuda").manual_seed(0)
+# CUDA joins where a GPU is present; the CPU case always runs.
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_runs_on_the_tensors_own_device(device):
+    x = torch.randn(16, 3, 32, 32, device=device)
+    g = torch.Generator(device=device).manual_seed(0)
     out = augment_batch(x, "crop_flip", g)
     assert out.device == x.device
-    assert torch.equal(out, augment_batch(x, "crop_flip", torch.Generator(device="cuda").manual_seed(0)))
+    assert torch.equal(out, augment_batch(x, "crop_flip", torch.Generator(device=device).manual_seed(0)))

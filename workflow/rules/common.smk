@@ -6,7 +6,8 @@ from fedfactor.workflow import dataset_name, run_sets, slug
 RESULTS = config["results"]
 STUDY_DIR = f"{RESULTS}/{config['study']}"
 RUN_CONFIG = config["run_config"]
-MLFLOW_URI = config["mlflow"]["uri"]
+# One SQLite store per results folder unless the study names another (an `mlflow server` on a cluster).
+MLFLOW_URI = config["mlflow"].get("uri") or f"sqlite:///{RESULTS}/mlflow.db"
 MLFLOW_EXPERIMENT = config["mlflow"].get("experiment", f"fedfactor-{config['study']}")
 SCENARIOS = list(config["scenarios"])
 METHODS = list(config["methods"])
@@ -31,5 +32,6 @@ def scenario_sets(wildcards):
     return _quoted(run_sets(overrides, scenario=wildcards.scenario, data={"root": config["data_root"]}))
 
 
-def method_sets(wildcards):
-    return _quoted(run_sets({"method": config["methods"][wildcards.method]}))
+def train_sets(wildcards):
+    method = run_sets({"method": config["methods"][wildcards.method]})
+    return f"{scenario_sets(wildcards)} {_quoted(method)}"

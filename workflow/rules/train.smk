@@ -25,7 +25,7 @@ rule train:
         summary=f"{STUDY_DIR}/runs/{{scenario}}/{{method}}/seed{{seed}}/summary.json",
         metrics=f"{STUDY_DIR}/runs/{{scenario}}/{{method}}/seed{{seed}}/metrics.csv",
     params:
-        sets=lambda w: scenario_sets(w) + " " + method_sets(w),
+        sets=train_sets,
         out=lambda w, output: os.path.dirname(output.summary),
         uri=MLFLOW_URI,
     threads: config["threads_per_job"]
