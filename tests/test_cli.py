@@ -113,3 +113,40 @@ def test_lists_name_one_entry_per_line(capsys):
     assert main(["datasets"]) == 0
     names = {line.split("\t")[0] for line in capsys.readouterr().out.splitlines()}
     assert {"digits", "mnist", "cifar10", "cifar100", "svhn"} <= names
+
+
+def test_partition_file_is_used_and_checked(tmp_path, tiny, capsys):
+    part = tmp_path / "part.json"
+    assert main(["partition", *_sets(tiny + ["partition.kind=shards"]), "--out", str(part)]) == 0
+    doc = json.loads(part.read_text())
+    out = tmp_path / "run"
+    assert main(["train", *_sets(tiny + [f"partition.file={part}"]), "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["partition"]["file"] == str(part)
+    assert len(doc["clients"]) == 4
+    capsys.readouterr()
+    assert main(["train", *_sets(tiny + [f"partition.file={part}", "fl.clients=5"]), "--out", str(tmp_path / "x")]) == 2
+    assert "4 clients" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_killed_run_leaves_no_summary(tmp_path, tiny):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    sets = [s for s in tiny if not s.startswith("fl.rounds")] + ["fl.rounds=10000"]
+    proc = subprocess.Popen([sys.executable, "-m", "fedfactor.cli", "train", *_sets(sets), "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not (out / "metrics.csv").exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert (out / "metrics.csv").exists(), "the run never evaluated a round"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (out / "summary.json").exists()
+    pd.read_csv(out / "metrics.csv")  # whatever was written is a whole file
