@@ -93,6 +93,8 @@ def test_cost_local_is_zero_and_sampling_scales(capsys):
         (["partition.kind=class_groups", "partition.groups=[[0, 1], [2, 42]]", "partition.clients_per_group=2"],
          ["42"]),
         (["method.name=fedprox", "method.lr=3"], ["mu"]),
+        (["data.augment=rotate"], ["crop_flip"]),
+        (["fl.device=tpu"], ["cpu"]),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_no_output(tmp_path, tiny, capsys, sets, words):

@@ -53,15 +53,14 @@ def cmd_train(args) -> None:
     tags = {"method": name, "dataset": cfg.data.name, "scenario": cfg.scenario, "seed": str(cfg.seed),
             "out": str(out.resolve())}
     tracker = Tracker(cfg.tracking, cfg.flat(), tags, run_name)
-    rows = []
+    rows, records = [], []
     start = time.perf_counter()
 
     def on_eval(row) -> None:
         rows.append(row)
         record = {k: v for k, v in asdict(row).items() if k != "per_client_accuracy"}
-        atomic_write_text(out / "metrics.csv", pd.DataFrame([
-            {k: v for k, v in asdict(r).items() if k != "per_client_accuracy"} for r in rows
-        ]).to_csv(index=False))
+        records.append(record)
+        atomic_write_text(out / "metrics.csv", pd.DataFrame(records).to_csv(index=False))
         tracker.log_metrics({k: v for k, v in record.items() if k != "round"}, step=row.round)
         if not sys.stderr.isatty():
             log.info("%s round %d/%d: accuracy %.4f +- %.4f, up %d B, down %d B, %.1f s", run_name, row.round,

@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from ..config import Config
 from ..data import Partition, dataset_info, load_dataset, make_partition, make_splits
+from ..data.augment import AUGMENT_KINDS
 from ..data.partition import model_classes
 from ..errors import UsageError
 from ..methods import METHODS, Context
@@ -107,6 +108,8 @@ class Simulator:
             self.clients = [self._client_splits(ds.y, k) for k in range(K)]
             train_sizes = [len(c["train"]) for c in self.clients]
         self.augment = info.augment if cfg.data.augment == "auto" else cfg.data.augment
+        if self.augment not in AUGMENT_KINDS:
+            raise UsageError(f"data.augment {self.augment!r} is unknown; choose auto, {', '.join(AUGMENT_KINDS)}")
 
         torch.manual_seed(cfg.seed)
         with self.device:

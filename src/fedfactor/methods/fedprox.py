@@ -1,5 +1,3 @@
-import torch
-
 from .base import Method
 from . import METHODS
 
