@@ -130,14 +130,13 @@ def cmd_cost(args) -> None:
 
 
 def cmd_partition(args) -> None:
-    from .data import dataset_info, load_dataset
+    from .data import load_dataset
     from .fl.simulator import build_partition
 
     cfg = _config(args)
-    info = dataset_info(cfg.data.name, cfg.data.root)
-    ds = load_dataset(cfg.data.name, cfg.data.root, download=False)
+    ds = load_dataset(cfg.data.name, cfg.data.root, download=cfg.data.download)
     y = ds.y.numpy()
-    part = build_partition(cfg, y, ds.n_official_train, info.num_classes)
+    part = build_partition(cfg, y, ds.n_official_train, ds.info.num_classes)
     part.save(args.out, y)
     sizes = [len(c["train"]) for c in part.clients]
     print(f"{cfg.partition.kind}: {part.num_clients} clients, train sizes {min(sizes)}..{max(sizes)} -> {args.out}")

@@ -183,5 +183,3 @@ def _check(cfg: Config) -> None:
         raise UsageError(f"fl.lr must be positive, got {fl.lr!r}")
     if fl.head not in ("auto", "local", "shared"):
         raise UsageError(f"fl.head must be one of auto, local, shared; got {fl.head!r}")
-    if cfg.data.split_mode not in ("pooled", "official"):
-        raise UsageError(f"data.split_mode must be pooled or official, got {cfg.data.split_mode!r}")

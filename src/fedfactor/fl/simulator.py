@@ -86,30 +86,20 @@ class Simulator:
         info = dataset_info(cfg.data.name, cfg.data.root)
         K = cfg.fl.clients
         self.head_local = head_is_local(cfg)
-        if dry_run:
-            num_classes = model_classes(info.num_classes, cfg.partition.spec(), K)
-            self.clients: list[dict[str, Split]] = []
-            train_sizes = [1] * K
-            self.partition = None
-        else:
-            ds = load_dataset(cfg.data.name, cfg.data.root, download=cfg.data.download, device=self.device)
-            y = ds.y.cpu().numpy()
-            if cfg.partition.file:
-                self.partition = Partition.load(cfg.partition.file)
-                self.partition.check_labels(y)
-                if self.partition.num_clients != K:
-                    raise UsageError(
-                        f"partition {cfg.partition.file} has {self.partition.num_clients} clients but fl.clients is {K}"
-                    )
-            else:
-                self.partition = build_partition(cfg, y, ds.n_official_train, info.num_classes)
-            num_classes = self.partition.num_classes
-            self.x = ds.x
-            self.clients = [self._client_splits(ds.y, k) for k in range(K)]
-            train_sizes = [len(c["train"]) for c in self.clients]
+        # Cheap checks first: a typo should not wait for a dataset to load.
+        method_cls = METHODS.get(cfg.method["name"])
         self.augment = info.augment if cfg.data.augment == "auto" else cfg.data.augment
         if self.augment not in AUGMENT_KINDS:
             raise UsageError(f"data.augment {self.augment!r} is unknown; choose auto, {', '.join(AUGMENT_KINDS)}")
+        self.partition: Partition | None = None
+        self.clients: list[dict[str, Split]] = []
+        if dry_run:
+            num_classes = model_classes(info.num_classes, cfg.partition.spec(), K)
+            train_sizes = [1] * K
+        else:
+            self._load_clients(info.num_classes)
+            num_classes = self.partition.num_classes
+            train_sizes = [len(c["train"]) for c in self.clients]
 
         torch.manual_seed(cfg.seed)
         with self.device:
@@ -129,12 +119,28 @@ class Simulator:
             train=self._train,
         )
         params = {k: v for k, v in cfg.method.items() if k != "name"}
-        self.method = METHODS.get(cfg.method["name"])(self.ctx, **params)
+        self.method = method_cls(self.ctx, **params)
         self.states: list[State] = [clone(init) for _ in range(K)]
         self.server = self.method.init_server(init)
         self.meter = CommMeter()
         self.sgd = SGDConfig(cfg.fl.lr, cfg.fl.momentum, cfg.fl.weight_decay, cfg.fl.batch_size)
         self._round = 0
+
+    def _load_clients(self, num_classes: int) -> None:
+        """The dataset on the device, the partition, and every client's splits with its own labels."""
+        cfg = self.cfg
+        ds = load_dataset(cfg.data.name, cfg.data.root, download=cfg.data.download, device=self.device)
+        y = ds.y.cpu().numpy()
+        if cfg.partition.file:
+            self.partition = Partition.load(cfg.partition.file)
+            self.partition.check_labels(y)
+            if self.partition.num_clients != cfg.fl.clients:
+                raise UsageError(f"partition {cfg.partition.file} has {self.partition.num_clients} clients "
+                                 f"but fl.clients is {cfg.fl.clients}")
+        else:
+            self.partition = build_partition(cfg, y, ds.n_official_train, num_classes)
+        self.x = ds.x
+        self.clients = [self._client_splits(ds.y, k) for k in range(cfg.fl.clients)]
 
     def _client_splits(self, y: torch.Tensor, k: int) -> dict[str, Split]:
         lmap = torch.as_tensor(self.partition.label_maps[k], device=self.device)
