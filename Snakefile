@@ -25,3 +25,4 @@ rule all:
     input:
         f"{STUDY_DIR}/table.md",
         f"{STUDY_DIR}/table.csv",
+        f"{STUDY_DIR}/curves.png",

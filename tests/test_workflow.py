@@ -26,7 +26,7 @@ def test_default_study_dry_run(tmp_path):
     jobs = _job_counts(r.stdout)
     # 5 scenarios x 3 methods x 2 seeds; one partition per scenario and seed; one dataset
     assert jobs["train"] == 30 and jobs["partition"] == 10 and jobs["prepare_data"] == 1
-    assert jobs["table"] == 1 and jobs["mlflow_init"] == 1
+    assert jobs["table"] == 1 and jobs["curves"] == 1 and jobs["mlflow_init"] == 1
 
 
 def test_tiny_study_runs_end_to_end_and_a_rerun_does_nothing(tmp_path):
@@ -44,6 +44,7 @@ def test_tiny_study_runs_end_to_end_and_a_rerun_does_nothing(tmp_path):
     table = pd.read_csv(out / "table.csv")
     assert sorted(table["method"]) == ["fedavg", "local"] and set(table["seeds"]) == {2}
     assert "| fedavg |" in (out / "table.md").read_text()
+    assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
     for method in ("local", "fedavg"):
         for seed in (0, 1):
             summary = json.loads((out / "runs" / "perm" / method / f"seed{seed}" / "summary.json").read_text())

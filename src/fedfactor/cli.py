@@ -199,6 +199,13 @@ def cmd_table(args) -> None:
     print(md)
 
 
+def cmd_curves(args) -> None:
+    from .report.figures import accuracy_curves, load_curves
+
+    accuracy_curves(load_curves(args.runs), args.out, title=args.title)
+    print(f"accuracy curves -> {args.out}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedfactor", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"fedfactor {__version__}")
@@ -242,6 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-csv", required=True)
     p.add_argument("--title", default="Results")
     p.set_defaults(func=cmd_table)
+
+    p = sub.add_parser("curves", help="PNG of mean client accuracy per round, one panel per scenario")
+    p.add_argument("runs", nargs="+", help="summary.json files or directories searched for them")
+    p.add_argument("--out", required=True, help="PNG file")
+    p.add_argument("--title", default="")
+    p.set_defaults(func=cmd_curves)
     return parser
 
 

@@ -16,3 +16,23 @@ rule table:
         f"{STUDY_DIR}/logs/table.log",
     shell:
         "fedfactor table {input:q} --out-md {output.md:q} --out-csv {output.csv:q} --title {params.title:q} > {log:q} 2>&1"
+
+
+rule curves:
+    """Mean client accuracy per round, one panel per scenario, one line per method (+-std over seeds)."""
+    input:
+        expand(
+            f"{STUDY_DIR}/runs/{{scenario}}/{{method}}/seed{{seed}}/metrics.csv",
+            scenario=SCENARIOS,
+            method=METHODS,
+            seed=SEEDS,
+        ),
+    output:
+        f"{STUDY_DIR}/curves.png",
+    params:
+        runs=lambda w, input: [os.path.join(os.path.dirname(f), "summary.json") for f in input],
+        title=f"fedfactor study '{config['study']}'",
+    log:
+        f"{STUDY_DIR}/logs/curves.log",
+    shell:
+        "fedfactor curves {params.runs:q} --out {output:q} --title {params.title:q} > {log:q} 2>&1"

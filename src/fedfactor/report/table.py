@@ -58,8 +58,9 @@ def to_markdown(agg: pd.DataFrame, title: str) -> str:
         for s in scenarios:
             r = cell.get((s, m))
             cells.append("-" if r is None else f"{100 * r.accuracy_mean:.2f} +- {100 * r.accuracy_std:.2f} ({r.seeds})")
-        costs = agg.loc[agg["method"] == m, "bytes_total"]
-        cells.append(f"{costs.mean() / 1e9:.4f}")
+        # One number when every scenario costs the same; a range when, e.g., local heads send less.
+        gb = agg.loc[agg["method"] == m, "bytes_total"] / 1e9
+        cells.append(f"{gb.min():.4f}" if gb.min() == gb.max() else f"{gb.min():.4f} - {gb.max():.4f}")
         lines.append("| " + " | ".join([m, *cells]) + " |")
     return "\n".join(lines) + "\n"
 
