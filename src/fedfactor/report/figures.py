@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pandas as pd
 
 from ..errors import UsageError
+from ..io import atomic_write_bytes
 
 
 def load_curves(paths: list[str | Path]) -> pd.DataFrame:
@@ -34,8 +36,6 @@ def accuracy_curves(curves: pd.DataFrame, out: str | Path, title: str = "") -> l
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
-
-    from ..io import atomic_write_bytes
 
     scenarios = list(dict.fromkeys(curves["scenario"]))
     methods = list(dict.fromkeys(curves["method"]))
@@ -70,8 +70,6 @@ def accuracy_curves(curves: pd.DataFrame, out: str | Path, title: str = "") -> l
 
 
 def _png(fig) -> bytes:
-    import io
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
     return buf.getvalue()
