@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from ..devices import resolve_device
 from ..errors import UsageError
 from ..registry import Registry
 
@@ -485,12 +486,8 @@ def load_dataset(
     name: str, root: str | Path = "data", download: bool = False, device: str | torch.device = "cpu"
 ) -> Dataset:
     """All samples of a dataset, pooled and normalised with the official-train part's statistics."""
-    source, arg = _lookup(name)
-    dev = _device(device)  # before the (slow) load, so a bad device fails at once
-    root = Path(root).expanduser()
-    info = source.info(arg, root)
-    arrays = source.arrays(arg, root, download)
-    _check_arrays(info, arrays, root)
+    dev = resolve_device(device)  # before the (slow) load, so a bad device fails at once
+    info, arrays = _read(name, root, download)
     mean, std = _channel_stats(arrays.x_train)
     x = _normalise([arrays.x_train, arrays.x_test], mean, std)
     y = torch.from_numpy(np.concatenate([arrays.y_train, arrays.y_test]))
@@ -499,11 +496,7 @@ def load_dataset(
 
 def prepare_dataset(name: str, root: str | Path = "data") -> dict:
     """Download (if needed) and verify a dataset; returns a JSON-ready summary of it."""
-    source, arg = _lookup(name)
-    root = Path(root).expanduser()
-    info = source.info(arg, root)
-    arrays = source.arrays(arg, root, download=True)
-    _check_arrays(info, arrays, root)
+    info, arrays = _read(name, root, download=True)
     y = np.concatenate([arrays.y_train, arrays.y_test])
     return {
         "dataset": info.name,
@@ -514,6 +507,16 @@ def prepare_dataset(name: str, root: str | Path = "data") -> dict:
         "shape": [info.channels, info.height, info.width],
         "class_counts": [int(c) for c in np.bincount(y, minlength=info.num_classes)],
     }
+
+
+def _read(name: str, root: str | Path, download: bool) -> tuple[DatasetInfo, _Arrays]:
+    """A dataset's info and raw arrays, read (downloaded if asked) and checked against the info."""
+    source, arg = _lookup(name)
+    root = Path(root).expanduser()
+    info = source.info(arg, root)
+    arrays = source.arrays(arg, root, download)
+    _check_arrays(info, arrays, root)
+    return info, arrays
 
 
 def make_splits(
@@ -628,13 +631,3 @@ def _normalise(parts: Sequence[np.ndarray], mean: np.ndarray, std: np.ndarray) -
                 target[a : a + len(chunk)] = (chunk - m64) / s64
         start += len(part)
     return out
-
-
-def _device(device: str | torch.device) -> torch.device:
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise UsageError(f"device {device!r} is not a torch device; use cpu or cuda[:N]") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"device {device!r} asked for, but no CUDA device is available; use cpu")
-    return dev

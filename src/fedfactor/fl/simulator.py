@@ -16,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 from ..config import Config
+from ..devices import resolve_device
 from ..data import Partition, dataset_info, load_dataset, make_partition, make_splits
 from ..data.augment import AUGMENT_KINDS
 from ..data.partition import model_classes
@@ -25,18 +26,6 @@ from ..models import build_model
 from .comm import CommMeter
 from .state import State, clone
 from .train import SGDConfig, Split, evaluate, fit
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UsageError(f"fl.device {name!r} is not a torch device; use auto, cpu or cuda[:N]") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"fl.device {name!r} asked for, but no CUDA device is available; use auto or cpu")
-    return device
 
 
 def derive_seed(*parts: int) -> int:
