@@ -10,9 +10,10 @@ def _sim(tiny, *extra):
 
 
 def test_fedavg_server_is_size_weighted_mean_of_uploads(tiny):
-    sim = _sim(tiny)
+    sim = _sim(tiny, "partition.kind=dirichlet")
     sim.run_round(1)
     sizes = sim.ctx.train_sizes
+    assert len(set(sizes)) > 1  # unequal sizes, so an unweighted mean would not pass
     expected = weighted_average([sim.method.upload(k, sim.states[k]) for k in range(4)], sizes)
     assert set(sim.server["global"]) == set(sim.ctx.float_keys)
     for key, value in expected.items():
