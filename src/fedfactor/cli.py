@@ -12,7 +12,6 @@ import logging
 import platform
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from . import __version__
@@ -38,8 +37,8 @@ def cmd_train(args) -> None:
     import torch
     import yaml
 
-    from .fl.simulator import Simulator
-    from .io import atomic_write_json, atomic_write_text
+    from .fl.simulator import ACCURACY_FIELDS, Simulator, summarize
+    from .io import atomic_write_json, atomic_write_npy, atomic_write_text
     from .tracking import Tracker
 
     cfg = _config(args)
@@ -53,27 +52,28 @@ def cmd_train(args) -> None:
     tags = {"method": name, "dataset": cfg.data.name, "scenario": cfg.scenario, "seed": str(cfg.seed),
             "out": str(out.resolve())}
     tracker = Tracker(cfg.tracking, cfg.flat(), tags, run_name)
-    rows, records = [], []
+    rows = []
     start = time.perf_counter()
 
-    def on_eval(row) -> None:
+    def on_round(rec) -> None:
+        # One channel for everything a round produced: the loop's metrics and the method's
+        # diagnostics go to metrics.csv and MLflow, its arrays to diagnostics/<name>/.
+        row = rec.metrics()
         rows.append(row)
-        record = {k: v for k, v in asdict(row).items() if k != "per_client_accuracy"}
-        records.append(record)
-        atomic_write_text(out / "metrics.csv", pd.DataFrame(records).to_csv(index=False))
-        tracker.log_metrics({k: v for k, v in record.items() if k != "round"}, step=row.round)
-        if not sys.stderr.isatty():
-            log.info("%s round %d/%d: accuracy %.4f +- %.4f, up %d B, down %d B, %.1f s", run_name, row.round,
-                     cfg.fl.rounds, row.accuracy_mean, row.accuracy_std, row.bytes_up, row.bytes_down,
-                     row.elapsed_seconds)
+        atomic_write_text(out / "metrics.csv", pd.DataFrame(rows).to_csv(index=False))
+        for key, array in rec.arrays.items():
+            atomic_write_npy(out / "diagnostics" / key / f"round_{rec.round:04d}.npy", array)
+        tracker.log_metrics({k: v for k, v in row.items() if k != "round"}, step=rec.round)
+        if rec.test is not None and not sys.stderr.isatty():
+            log.info("%s round %d/%d: accuracy %.4f +- %.4f, up %d B, down %d B, %.1f s", run_name, rec.round,
+                     cfg.fl.rounds, rec.test.mean, rec.test.std, rec.bytes_up, rec.bytes_down,
+                     rec.elapsed_seconds)
 
     try:
-        sim.run(on_eval)
+        records = sim.run(on_round)
     except BaseException:
         tracker.fail()
         raise
-    last = rows[-1]
-    best = max(rows, key=lambda r: r.accuracy_mean)
     summary = {
         "method": name,
         "dataset": cfg.data.name,
@@ -85,12 +85,9 @@ def cmd_train(args) -> None:
         "clients": cfg.fl.clients,
         "num_classes": sim.partition.num_classes,
         "head_local": sim.head_local,
-        "accuracy_mean": last.accuracy_mean,
-        "accuracy_std": last.accuracy_std,
-        "accuracy_weighted": last.accuracy_weighted,
-        "accuracy_best_mean": best.accuracy_mean,
-        "best_round": best.round,
-        "per_client_accuracy": last.per_client_accuracy,
+        "protocol": cfg.eval.model_dump(),
+        **summarize(records, cfg.eval.report),
+        "accuracy_fields": ACCURACY_FIELDS,
         "bytes_up": sim.meter.up,
         "bytes_down": sim.meter.down,
         "bytes_total": sim.meter.total,
@@ -102,11 +99,13 @@ def cmd_train(args) -> None:
     }
     # summary.json is the job's completion marker: written last, atomically.
     atomic_write_json(out / "summary.json", summary)
-    keys = ["accuracy_mean", "accuracy_std", "accuracy_weighted", "accuracy_best_mean", "bytes_up", "bytes_down",
-            "wall_seconds"]
-    tracker.finish({k: summary[k] for k in keys}, [out / "summary.json", out / "metrics.csv", out / "config.yaml"])
-    print(f"{run_name}: accuracy {last.accuracy_mean:.4f} +- {last.accuracy_std:.4f} "
-          f"(best {best.accuracy_mean:.4f} at round {best.round}), {sim.meter.total:,} bytes -> {out}")
+    keys = ["accuracy", "accuracy_mean", "accuracy_std", "accuracy_weighted", "accuracy_best_mean",
+            "accuracy_best_weighted", "accuracy_at_best_val", "bytes_up", "bytes_down", "wall_seconds"]
+    files = [out / "summary.json", out / "metrics.csv", out / "config.yaml", out / "diagnostics"]
+    tracker.finish({k: summary[k] for k in keys if summary[k] is not None}, [f for f in files if f.exists()])
+    print(f"{run_name}: accuracy {summary['accuracy']:.4f} ({cfg.eval.report}, round {summary['accuracy_round']}; "
+          f"last {summary['accuracy_mean']:.4f} +- {summary['accuracy_std']:.4f}, best {summary['accuracy_best_mean']:.4f} "
+          f"at round {summary['best_round']}), {sim.meter.total:,} bytes -> {out}")
 
 
 def cmd_cost(args) -> None:

@@ -1,97 +1,140 @@
 """Typed run configuration: YAML in, dotted `--set` overrides, flat dict out for MLflow.
 
-Every field has a default that follows the papers where they agree (see README, "Defaults and
-choices the papers leave open"). Unknown keys are errors, so a typo never silently runs the
-default.
+Every section is a pydantic model: values are coerced to the declared type (`--set fl.lr=1e-3`
+arrives from YAML as the string "1e-3" and becomes 0.001) and range-checked, and unknown keys are
+errors, so a typo never silently runs the default. Method hyperparameters are typed from the
+method's own defaults (`Method.validate_params`). Every failure is one UsageError line, raised
+before anything is written.
+
+Defaults follow the papers where they agree (see README, "Defaults and choices the papers leave
+open"); where they disagree (the evaluation protocol) each paper's run config says which it uses.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import UsageError
 
 
-@dataclass
-class DataConfig:
+class Section(BaseModel):
+    """A config section: typed fields, no unknown keys, no NaN or infinite numbers."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_default=True)
+
+
+class DataConfig(Section):
     name: str = "digits"
     root: str = "data"
     # Factorized-FL's official code pools train+test and cuts 80/10/10 ("pooled");
     # "official" keeps the dataset's own test set as the test pool.
-    split: list[float] = field(default_factory=lambda: [0.8, 0.1, 0.1])
-    split_mode: str = "pooled"
+    split: list[float] = Field(default_factory=lambda: [0.8, 0.1, 0.1])
+    split_mode: Literal["pooled", "official"] = "pooled"
     augment: str = "auto"  # "auto" = the dataset's default (crop/flip where it makes sense)
     download: bool = False
 
+    @field_validator("split")
+    @classmethod
+    def _three_shares(cls, v: list[float]) -> list[float]:
+        if len(v) != 3 or min(v) < 0 or abs(sum(v) - 1) > 1e-6:
+            raise ValueError("must be three non-negative fractions train, val, test summing to 1")
+        return v
 
-@dataclass
-class PartitionConfig:
+
+class SamplesPerClient(Section):
+    """dirichlet_fixed (FedDecomp): samples each client draws per split."""
+
+    train: int = Field(500, ge=1)
+    val: int = Field(0, ge=0)
+    test: int = Field(100, ge=0)
+
+
+class PartitionConfig(Section):
     kind: str = "iid"
-    alpha: float = 0.5
-    classes_per_client: int = 2
-    groups: Any = None
-    clients_per_group: int | None = None
-    samples_per_client: dict = field(default_factory=lambda: {"train": 500, "val": 0, "test": 100})
-    min_train_samples: int = 1
+    alpha: float = Field(0.5, gt=0)
+    classes_per_client: int = Field(2, ge=1)
+    groups: str | list[list[int]] | None = None  # a preset name or a list of class lists
+    clients_per_group: int | None = Field(None, ge=1)
+    samples_per_client: SamplesPerClient = Field(default_factory=SamplesPerClient)
+    # dirichlet_fixed: True draws each client's samples independently (clients may share samples),
+    # as FedDecomp's official code does; False makes clients disjoint.
+    overlap: bool = True
+    min_train_samples: int = Field(1, ge=1)
     permute_labels: bool = False
-    permutation_seed: int = 1234
+    permutation_seed: int = Field(1234, ge=0)
     file: str | None = None  # a partition saved by `fedfactor partition`; overrides the fields above
 
     def spec(self) -> dict:
-        d = dataclasses.asdict(self)
-        d.pop("file")
-        return d
+        return self.model_dump(exclude={"file"})
 
 
-@dataclass
-class ModelConfig:
+class ModelConfig(Section):
     name: str = "cnn"
 
 
-@dataclass
-class FLConfig:
-    clients: int = 20
-    rounds: int = 50
-    fraction: float = 1.0  # share of clients sampled per round
-    epochs: int = 5
-    batch_size: int = 64
-    lr: float = 0.01
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    eval_every: int = 1
-    # "auto": the head stays local whenever labels are permuted or clients hold different class
-    # groups (Factorized-FL section 5.2); "local"/"shared" force it.
-    head: str = "auto"
+class FLConfig(Section):
+    clients: int = Field(20, ge=1)
+    rounds: int = Field(50, ge=1)
+    fraction: float = Field(1.0, gt=0, le=1)  # share of clients sampled per round
+    epochs: int = Field(5, ge=1)
+    batch_size: int = Field(64, ge=1)
+    optimizer: Literal["sgd", "adam"] = "sgd"  # a method's training phases may name another
+    lr: float = Field(0.01, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)  # SGD only
+    weight_decay: float = Field(0.0, ge=0)
+    eval_every: int = Field(1, ge=1)
+    # "auto": the head stays local whenever two clients map classes to outputs differently
+    # (permuted labels, class groups); "local"/"shared" force it.
+    head: Literal["auto", "local", "shared"] = "auto"
     device: str = "auto"
 
 
-@dataclass
-class TrackingConfig:
+class EvalConfig(Section):
+    """The evaluation protocol; each paper uses its own (README, "Evaluation protocols")."""
+
+    # client: each client's own test split, cut with its own class mix (FedDecomp, FedFac).
+    # shared: the pooled test split, restricted to the client's task classes and relabelled through
+    # its label map (Factorized-FL, SimFed).
+    test_pool: Literal["client", "shared"] = "client"
+    # received: what a client holds after the server's download (FedDecomp's official code).
+    # trained: the client's model after its local training of the round (Factorized-FL's code).
+    model: Literal["received", "trained"] = "received"
+    # The number a table reports: last round, best round of the mean, best round of the
+    # test-size-weighted mean, or the test accuracy at the round best on validation.
+    report: Literal["last", "best", "best_weighted", "best_val"] = "last"
+
+
+class TrackingConfig(Section):
     enabled: bool = True
     uri: str = "sqlite:///results/mlflow.db"
     experiment: str = "fedfactor"
     experiment_id: str | None = None  # set by the workflow so parallel jobs never create experiments
     run_name: str | None = None
 
+    @field_validator("experiment_id", mode="before")
+    @classmethod
+    def _id_as_text(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v  # YAML reads `1` as int
 
-@dataclass
-class Config:
-    seed: int = 0
+
+class Config(Section):
+    seed: int = Field(0, ge=0)
     scenario: str = "custom"  # a label for tables and MLflow; does not change behaviour
-    method: dict = field(default_factory=lambda: {"name": "fedavg"})
-    data: DataConfig = field(default_factory=DataConfig)
-    partition: PartitionConfig = field(default_factory=PartitionConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    fl: FLConfig = field(default_factory=FLConfig)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    # {"name": ..., hyperparameters...}; typed against the method's defaults in load_config
+    method: dict[str, Any] = Field(default_factory=lambda: {"name": "fedavg"})
+    data: DataConfig = Field(default_factory=DataConfig)
+    partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    fl: FLConfig = Field(default_factory=FLConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return self.model_dump()
 
     def flat(self) -> dict[str, Any]:
         """Dotted keys -> values, the form MLflow params and tables use."""
@@ -109,23 +152,26 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _build(cls, values: dict, where: str):
-    if not isinstance(values, dict):
-        raise UsageError(f"config section {where or 'root'!r} must be a mapping, got {values!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-        raise UsageError(
-            f"unknown config key {where + unknown[0]!r}; valid keys here: {', '.join(fields)}"
-        )
-    kwargs = {}
-    for name, value in values.items():
-        f = fields[name]
-        if dataclasses.is_dataclass(f.default_factory if f.default_factory is not dataclasses.MISSING else None):
-            kwargs[name] = _build(f.default_factory, value or {}, f"{where}{name}.")
-        else:
-            kwargs[name] = value
-    return cls(**kwargs)
+def validation_message(err: ValidationError, prefix: str = "") -> str:
+    """The first error of a pydantic ValidationError as one line: `key: what is wrong (got value)`."""
+    e = err.errors()[0]
+    key = prefix + ".".join(str(p) for p in e["loc"])
+    if e["type"] == "extra_forbidden":
+        return f"unknown config key {key!r}"
+    got = e.get("input")
+    shown = repr(got) if not isinstance(got, dict) else "a mapping"
+    return f"{key or 'config'}: {e['msg'][0].lower()}{e['msg'][1:]} (got {shown})".replace("\n", " ")
+
+
+def _valid_keys(model: type[BaseModel], dotted: str) -> str:
+    """The valid keys of the section an unknown key sits in, for the error message."""
+    for part in dotted.split(".")[:-1]:
+        field = model.model_fields.get(part)
+        ann = getattr(field, "annotation", None)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return ""
+        model = ann
+    return "; valid keys here: " + ", ".join(model.model_fields)
 
 
 def _set_dotted(d: dict, dotted: str, value: Any) -> None:
@@ -141,17 +187,25 @@ def parse_set(item: str) -> tuple[str, Any]:
     if "=" not in item:
         raise UsageError(f"--set expects dotted.key=value, got {item!r}")
     key, raw = item.split("=", 1)
-    # YAML parsing gives 0.5 -> float, true -> bool, [1,2] -> list, as in the config file.
-    return key.strip(), yaml.safe_load(raw) if raw.strip() else None
+    try:
+        # YAML parsing gives 0.5 -> float, true -> bool, [1,2] -> list, as in the config file.
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw  # not YAML: keep the text; the typed config says whether a string may go there
+    return key.strip(), value
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    raw: dict = {}
+    raw: Any = {}
     if path is not None:
         try:
             raw = yaml.safe_load(Path(path).read_text()) or {}
         except FileNotFoundError:
             raise UsageError(f"config file {str(path)!r} does not exist") from None
+        except IsADirectoryError:
+            raise UsageError(f"config file {str(path)!r} is a folder, not a YAML file") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"config file {str(path)!r} cannot be read: {e}") from None
         except yaml.YAMLError as e:
             raise UsageError(f"config file {str(path)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(raw, dict):
@@ -161,25 +215,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
     for item in overrides:
         _set_dotted(raw, *parse_set(item))
     method = raw.setdefault("method", {"name": "fedavg"})
-    if isinstance(method, str):
-        method = raw["method"] = {"name": method}
-    if not isinstance(method, dict) or "name" not in method:
+    if not isinstance(method, dict) or not isinstance(method.get("name"), str):
         raise UsageError("config key 'method' must be a name or a mapping with a 'name'")
-    cfg = _build(Config, raw, "")
-    _check(cfg)
+    try:
+        cfg = Config.model_validate(raw)
+    except ValidationError as e:
+        message = validation_message(e)
+        if e.errors()[0]["type"] == "extra_forbidden":
+            message += _valid_keys(Config, ".".join(map(str, e.errors()[0]["loc"])))
+        raise UsageError(message) from None
+    from .methods import METHODS  # torch is imported only once a config is otherwise valid
+
+    params = {k: v for k, v in cfg.method.items() if k != "name"}
+    cfg.method = {"name": cfg.method["name"], **METHODS.get(cfg.method["name"]).validate_params(params)}
     return cfg
-
-
-def _check(cfg: Config) -> None:
-    fl = cfg.fl
-    positive = {"fl.clients": fl.clients, "fl.rounds": fl.rounds, "fl.epochs": fl.epochs,
-                "fl.batch_size": fl.batch_size, "fl.eval_every": fl.eval_every}
-    for key, value in positive.items():
-        if not isinstance(value, int) or value < 1:
-            raise UsageError(f"{key} must be a positive integer, got {value!r}")
-    if not 0 < fl.fraction <= 1:
-        raise UsageError(f"fl.fraction must be in (0, 1], got {fl.fraction!r}")
-    if fl.lr <= 0:
-        raise UsageError(f"fl.lr must be positive, got {fl.lr!r}")
-    if fl.head not in ("auto", "local", "shared"):
-        raise UsageError(f"fl.head must be one of auto, local, shared; got {fl.head!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
@@ -30,3 +31,11 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def atomic_write_npy(path: str | Path, array: Any) -> None:
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(array), allow_pickle=False)
+    atomic_write_bytes(path, buf.getvalue())

@@ -98,7 +98,10 @@ class Tracker:
         if summary_metrics:
             self.log_metrics({f"final_{k}": v for k, v in summary_metrics.items()})
         for f in files:
-            _retry(lambda f=f: self.client.log_artifact(self.run_id, str(f)))
+            if f.is_dir():
+                _retry(lambda f=f: self.client.log_artifacts(self.run_id, str(f), artifact_path=f.name))
+            else:
+                _retry(lambda f=f: self.client.log_artifact(self.run_id, str(f)))
         _retry(lambda: self.client.set_terminated(self.run_id, status))
 
     def fail(self) -> None:

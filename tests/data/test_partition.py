@@ -8,6 +8,7 @@ import random
 import numpy as np
 import pytest
 
+from fedfactor.data.datasets import make_splits
 from fedfactor.data.partition import (
     CIFAR100_FINE_TO_COARSE,
     GROUP_PRESETS,
@@ -16,6 +17,7 @@ from fedfactor.data.partition import (
     Partition,
     client_permutation,
     make_partition,
+    task_label_maps,
 )
 from fedfactor.errors import UsageError
 
@@ -214,7 +216,8 @@ def test_shards_clients_hold_few_classes_and_test_within_train():
     for k in range(10):
         assert 1 <= len(train[k]) <= 2
         assert test[k] <= train[k] and val[k] <= train[k]
-        assert set(np.flatnonzero(part.label_maps[k] >= 0).tolist()) == train[k]
+    # a client holding two classes still solves the whole 10-class problem
+    np.testing.assert_array_equal(part.label_maps, np.tile(np.arange(10), (10, 1)))
     # two shards of 240 = two halves of classes, so a client gets half of 2 x 60 test samples
     assert all(len(c["train"]) == 480 for c in part.clients)
     assert all(len(c["val"]) == len(c["test"]) == 60 for c in part.clients)
@@ -344,10 +347,101 @@ def test_class_groups_outputs_are_the_largest_group(c10):
     assert_covers(part, y, splits, classes=[0, 2, 5, 7, 9])
 
 
-def test_dirichlet_fixed_sizes_and_disjointness():
-    y, splits = make_data(10, 3000)  # pools large enough that no class runs out
+@pytest.mark.parametrize("spec", ALL_SPECS, ids=lambda s: s["kind"])
+def test_label_maps_follow_from_the_spec_alone(c10, spec):
+    y, splits = c10
+    part = make_partition(y, splits, 10, 9, spec, seed=0)
+    label_maps, num_outputs = task_label_maps(spec, 10, 9)
+    np.testing.assert_array_equal(part.label_maps, label_maps)
+    assert part.num_classes == num_outputs
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"kind": "dirichlet", "alpha": 0.05},
+        {"kind": "shards", "classes_per_client": 1},
+        {"kind": "dirichlet_fixed", "alpha": 0.05, "samples_per_client": {"train": 100}},
+    ],
+    ids=lambda s: s["kind"],
+)
+def test_skewed_clients_still_solve_every_class(c10, spec):
+    y, splits = c10
+    part = make_partition(y, splits, 10, 9, spec, seed=0)
+    assert min(map(len, class_sets(part, y, "train"))) < 10  # some client lacks some classes
+    np.testing.assert_array_equal(part.label_maps, np.tile(np.arange(10), (9, 1)))
+
+
+def test_task_label_maps_of_class_groups():
+    spec = {"kind": "class_groups", "groups": [[9, 2], [0, 5, 7]], "clients_per_group": 1}
+    label_maps, num_outputs = task_label_maps(spec, 10, 2)
+    assert num_outputs == 3
+    assert label_maps.dtype == np.int64
+    assert label_maps.tolist() == [
+        [-1, -1, 0, -1, -1, -1, -1, -1, -1, 1],
+        [0, -1, -1, -1, -1, 1, -1, 2, -1, -1],
+    ]
+    permuted, _ = task_label_maps({**spec, "permute_labels": True}, 10, 2)
+    # client k's permutation of 3 outputs, applied to its labels, -1 left alone
+    for k in range(2):
+        perm = client_permutation(3, 1234, k)
+        expected = [perm[t] if t >= 0 else -1 for t in label_maps[k]]
+        assert permuted[k].tolist() == expected
+    assert task_label_maps({"kind": "class_groups", "groups": "cifar100_5domains"}, 100, 20)[1] == 10
+
+
+@pytest.mark.parametrize(
+    "args, pattern",
+    [
+        (({"kind": "iid"}, 10, 0), "num_clients must be an integer >= 1"),
+        (({"kind": "iid"}, 0, 3), "num_classes must be an integer >= 1"),
+        (({"alpha": 0.5}, 10, 3), "needs a kind"),
+        (({"kind": "class_groups", "groups": [[0], [1]]}, 10, 3), "needs num_clients = 2"),
+    ],
+)
+def test_task_label_maps_rejects_bad_input(args, pattern):
+    with pytest.raises(UsageError, match=pattern):
+        task_label_maps(*args)
+
+
+def test_partition_keeps_the_pooled_val_and_test_splits(c10):
+    y, splits = c10
+    shuffled = {s: np.random.default_rng(0).permutation(idx) for s, idx in splits.items()}
+    part = make_partition(y, shuffled, 10, 4, {"kind": "dirichlet", "alpha": 0.1}, seed=0)
+    assert set(part.pools) == {"val", "test"}
+    for s in ("val", "test"):
+        np.testing.assert_array_equal(part.pools[s], splits[s])  # sorted, whatever order came in
+
+
+def test_shared_split_is_the_whole_pool_for_single_domain_kinds(c10):
+    y, splits = c10
+    part = make_partition(y, splits, 10, 9, {"kind": "dirichlet", "alpha": 0.05}, seed=0)
+    lacking = next(k for k, c in enumerate(class_sets(part, y, "test")) if len(c) < 10)
+    idx, targets = part.shared_split(y, lacking, "test")
+    np.testing.assert_array_equal(idx, splits["test"])  # classes the client never saw included
+    np.testing.assert_array_equal(targets, y[splits["test"]])
+
+    permuted = make_partition(y, splits, 10, 20, {"kind": "iid", "permute_labels": True}, seed=0)
+    idx, targets = permuted.shared_split(y, 7, "val")
+    np.testing.assert_array_equal(idx, splits["val"])
+    np.testing.assert_array_equal(targets, np.array(TABLE2[7])[y[splits["val"]]])
+
+
+def test_shared_split_of_a_domain_is_its_classes_in_the_pool(c10):
+    y, splits = c10
+    spec = {"kind": "class_groups", "groups": [[9, 2], [0, 5, 7]], "clients_per_group": 2}
+    part = make_partition(y, splits, 10, 4, spec, seed=0)
+    idx, targets = part.shared_split(y, 1, "test")  # client 1 is in the domain {2, 9}
+    np.testing.assert_array_equal(idx, splits["test"][np.isin(y[splits["test"]], [2, 9])])
+    np.testing.assert_array_equal(targets, (y[idx] == 9).astype(np.int64))  # 2 -> 0, 9 -> 1
+    with pytest.raises(UsageError, match="shared split must be one of val, test"):
+        part.shared_split(y, 1, "train")
+
+
+def test_dirichlet_fixed_disjoint_sizes():
+    y, splits = make_data(10, 3000)
     sizes = {"train": 120, "val": 15, "test": 30}
-    spec = {"kind": "dirichlet_fixed", "alpha": 0.5, "samples_per_client": sizes}
+    spec = {"kind": "dirichlet_fixed", "alpha": 0.5, "samples_per_client": sizes, "overlap": False}
     part = make_partition(y, splits, 10, 20, spec, seed=0)
     assert_disjoint(part)
     for c in part.clients:
@@ -357,32 +451,142 @@ def test_dirichlet_fixed_sizes_and_disjointness():
     # val/test are drawn from the client's own mix: test classes mostly among its train classes
     train, test = class_sets(part, y, "train"), class_sets(part, y, "test")
     assert np.mean([len(te - tr) for tr, te in zip(train, test)]) < 1.5
-    assert part.meta["samples_per_client"] == sizes
+    assert part.meta["samples_per_client"] == sizes and part.meta["overlap"] is False
 
 
-def test_dirichlet_fixed_reports_an_exhausted_class():
-    y, splits = make_data(10, 60)  # 48 train samples per class on average
-    sizes = {"train": 40, "val": 0, "test": 5}
-    spec = {"kind": "dirichlet_fixed", "alpha": 0.05, "samples_per_client": sizes}
-    pattern = r"ran out of train samples of class \d+.*fewer samples_per_client"
-    with pytest.raises(UsageError, match=pattern):
-        make_partition(y, splits, 10, 12, spec, seed=0)
+def tiny_two_class_data():
+    """Train pool: 3 samples of class 0, 7 of class 1; no val or test."""
+    y = np.array([0] * 3 + [1] * 7)
+    return y, {"train": np.arange(10), "val": np.array([], int), "test": np.array([], int)}
+
+
+def two_class_spec(overlap: bool) -> dict:
+    # alpha this small gives every client a single class (mix [1, 0] or [0, 1])
+    sizes = {"train": 5, "val": 0, "test": 0}
+    return {
+        "kind": "dirichlet_fixed",
+        "alpha": 1e-3,
+        "samples_per_client": sizes,
+        "overlap": overlap,
+    }
+
+
+def test_dirichlet_fixed_caps_a_class_at_its_pool_and_redraws_the_rest():
+    y, splits = tiny_two_class_data()
+    part = make_partition(y, splits, 2, 8, two_class_spec(overlap=True), seed=0)
+    hist = part.histograms(y)["train"]
+    # a class-0 client wants 5 but only 3 exist: it takes all 3 and 2 of class 1
+    assert set(map(tuple, hist)) == {(3, 2), (0, 5)}
+    assert all(len(c["train"]) == 5 for c in part.clients)
+
+
+def test_dirichlet_fixed_disjoint_clients_take_what_the_others_left():
+    y, splits = tiny_two_class_data()
+    # two clients of 5 need all 10 samples, whichever class each prefers
+    for seed in range(4):
+        part = make_partition(y, splits, 2, 2, two_class_spec(overlap=False), seed=seed)
+        assert_covers(part, y, splits)
+        assert sorted(map(tuple, part.histograms(y)["train"])) == [(0, 5), (3, 2)]
+
+
+def test_dirichlet_fixed_errors_only_when_a_whole_split_runs_out():
+    y, splits = tiny_two_class_data()
+    with pytest.raises(UsageError, match=r"needs 15 train samples \(5 x 3 disjoint clients\)"):
+        make_partition(y, splits, 2, 3, two_class_spec(overlap=False), seed=0)
+    spec = {**two_class_spec(overlap=True), "samples_per_client": {"train": 11, "test": 0}}
+    with pytest.raises(UsageError, match="needs 11 train samples per client but the train split"):
+        make_partition(y, splits, 2, 3, spec, seed=0)
+
+
+def official_cifar(num_classes: int, train_per_class: int, test_per_class: int):
+    """CIFAR-shaped labels (official train part, then official test part) and official splits."""
+    rng = np.random.default_rng(0)
+    y = np.concatenate(
+        [
+            rng.permutation(np.repeat(np.arange(num_classes), train_per_class)),
+            rng.permutation(np.repeat(np.arange(num_classes), test_per_class)),
+        ]
+    )
+    n_official_train = num_classes * train_per_class
+    return y, make_splits(len(y), n_official_train, (0.9, 0.1, 0.0), mode="official", seed=0)
+
+
+@pytest.fixture(scope="module")
+def cifar10_official():
+    return official_cifar(10, 5000, 1000)
+
+
+@pytest.fixture(scope="module")
+def cifar100_official():
+    return official_cifar(100, 500, 100)  # ~450 train samples per class after the val cut
+
+
+def mean_histogram_distance(part: Partition, y: np.ndarray) -> float:
+    """Mean total-variation distance between two clients' train class mixes."""
+    h = np.array(part.histograms(y)["train"], dtype=float)
+    h /= h.sum(axis=1, keepdims=True)
+    d = 0.5 * np.abs(h[:, None] - h[None]).sum(axis=-1)
+    return float(d[np.triu_indices(len(h), 1)].mean())
+
+
+FEDDECOMP_SIZES = {"train": 500, "val": 0, "test": 100}
+
+
+@pytest.mark.parametrize(
+    "data, num_classes", [("cifar10_official", 10), ("cifar100_official", 100)]
+)
+@pytest.mark.parametrize("overlap", [True, False])
+def test_dirichlet_fixed_feddecomp_setting(request, data, num_classes, overlap):
+    y, splits = request.getfixturevalue(data)
+    spec = {"kind": "dirichlet_fixed", "alpha": 0.1, "samples_per_client": FEDDECOMP_SIZES}
+    part = make_partition(y, splits, num_classes, 40, {**spec, "overlap": overlap}, seed=0)
+    for c in part.clients:
+        for s, n in FEDDECOMP_SIZES.items():
+            assert len(c[s]) == n and len(np.unique(c[s])) == n  # exact size, no sample twice
+            assert np.all(np.isin(c[s], splits[s]))
+        assert len(np.intersect1d(c["train"], c["test"])) == 0
+    for s in ("train", "test"):
+        times_used = np.bincount(np.concatenate([c[s] for c in part.clients]))
+        assert (times_used.max() > 1) == overlap  # clients share samples only with overlap
+    assert mean_histogram_distance(part, y) > 0.7  # Dir(0.1): clients hold very different mixes
+    flat = make_partition(y, splits, num_classes, 40, {**spec, "alpha": 100.0}, seed=0)
+    assert mean_histogram_distance(flat, y) < 0.3
+    assert make_partition(y, splits, num_classes, 40, {**spec, "overlap": overlap}, seed=0) == part
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_dirichlet_fixed_cifar100_caps_classes_at_their_pool(cifar100_official, overlap):
+    y, splits = cifar100_official
+    # 1000 train samples from a mix of one or two classes: more than any class pool (~450) holds
+    sizes = {"train": 1000, "val": 0, "test": 100}
+    spec = dict(kind="dirichlet_fixed", alpha=0.001, samples_per_client=sizes, overlap=overlap)
+    part = make_partition(y, splits, 100, 40, spec, seed=0)
+    hist = np.array(part.histograms(y)["train"])
+    pool = np.bincount(y[splits["train"]], minlength=100)
+    assert pool.max() < sizes["train"]
+    assert np.all(hist <= pool)
+    assert np.sum(hist == pool) >= 10  # many clients took a whole class and drew the rest elsewhere
+    assert all(len(c["train"]) == 1000 and len(c["test"]) == 100 for c in part.clients)
+    assert all(len(np.unique(c["train"])) == 1000 for c in part.clients)
+    if not overlap:
+        assert_disjoint(part)
 
 
 def groups(g, **extra):
     return {"kind": "class_groups", "groups": g, **extra}
 
 
-def fixed(**sizes):
-    return {"kind": "dirichlet_fixed", "samples_per_client": sizes}
+def fixed(overlap: bool = True, **sizes):
+    return {"kind": "dirichlet_fixed", "samples_per_client": sizes, "overlap": overlap}
 
 
 BAD_SPECS = [  # (spec, num_clients, what the message must say)
-    ({"kind": "dirichlet", "alpha": 0}, 5, "alpha must be > 0"),
-    ({"kind": "dirichlet_fixed", "alpha": -1.0}, 5, "alpha must be > 0"),
+    ({"kind": "dirichlet", "alpha": 0}, 5, r"^partition.alpha: input should be greater than 0 \("),
+    ({"kind": "dirichlet_fixed", "alpha": -1.0}, 5, "partition.alpha: input should be greater"),
+    ({"kind": "dirichlet", "alpha": float("nan")}, 5, "partition.alpha: input should be a finite"),
     ({"kind": "nope"}, 5, "unknown partition 'nope'; choose one of: class_groups, dirichlet"),
     ({"alpha": 0.5}, 5, "needs a kind"),
-    ({"kind": "iid", "alpah": 0.5}, 5, "unknown partition key.*'alpah'.*valid keys: kind, alpha"),
+    ({"kind": "iid", "alpah": 0.5}, 5, "unknown config key 'partition.alpah'"),
     (groups([[0, 1], [2, 10]]), 2, r"\[10\] that do not exist"),
     (groups([[0, 1], [1, 2]]), 2, r"disjoint; classes \[1\]"),
     (groups([[0, 1], [2, 3]], clients_per_group=2), 5, "needs num_clients = 4"),
@@ -391,13 +595,18 @@ BAD_SPECS = [  # (spec, num_clients, what the message must say)
     ({"kind": "class_groups"}, 2, "needs groups"),
     ({"kind": "iid"}, 100_000, "only 4800 train samples"),
     ({"kind": "iid"}, 0, "num_clients must be an integer >= 1"),
-    ({"kind": "shards", "classes_per_client": 0}, 5, "classes_per_client must be between 1 and 10"),
+    ({"kind": "shards", "classes_per_client": 0}, 5, "classes_per_client: input should be greater"),
     ({"kind": "shards", "classes_per_client": 11}, 5, "must be between 1 and 10"),
-    (fixed(train=-5), 5, "must be an integer >= 0"),
-    (fixed(train=0, test=5), 5, r"train'\] must be >= 1"),
-    (fixed(train=1000), 5, "lower samples_per_client"),
-    (fixed(training=5), 5, "samples_per_client must map"),
-    ({"kind": "iid", "permute_labels": "yes"}, 5, "permute_labels must be true or false"),
+    (fixed(val=-5), 5, r"samples_per_client.val: input should be greater than or equal to 0 \("),
+    (fixed(train=0, test=5), 5, "samples_per_client.train: input should be greater than or equal"),
+    (fixed(train=1000, overlap=False), 5, "needs 5000 train samples.*lower samples_per_client"),
+    (fixed(train=5000), 5, "needs 5000 train samples per client.*has 4800"),
+    (fixed(training=5), 5, "unknown config key 'partition.samples_per_client.training'"),
+    ({"kind": "iid", "permute_labels": "maybe"}, 5, "permute_labels: input should be a valid bool"),
+    ({"kind": "iid", "min_train_samples": 0}, 5, "min_train_samples: input should be greater"),
+    (groups([[0, 1.5]]), 2, r"partition.groups must be a preset name .* \(got \[\[0, 1.5\]\]\)"),
+    (groups(5), 2, "partition.groups must be a preset name"),
+    ({"kind": "iid", "file": "p.json"}, 5, "partition.file names a saved partition"),
     ("iid", 5, "must be a mapping"),
 ]
 
@@ -433,6 +642,8 @@ def test_save_load_round_trip(c10, tmp_path):
     assert loaded.meta["labels_sha1"] == part.meta["labels_sha1"]
     loaded.check_labels(y)
     doc = json.loads(path.read_text())
+    assert doc["format_version"] == 2
+    assert doc["pools"] == {s: splits[s].tolist() for s in ("val", "test")}
     assert doc["histograms"] == part.histograms(y)
     assert " " not in path.read_text()  # compact
     assert part.meta["kind"] == "class_groups" and part.meta["seed"] == 5
@@ -454,6 +665,34 @@ def test_load_rejects_garbled_files(tmp_path, content):
     with pytest.raises(UsageError, match="not a valid partition file") as err:
         Partition.load(path)
     assert "\n" not in str(err.value)
+
+
+def saved_doc(c10, tmp_path) -> dict:
+    y, splits = c10
+    path = tmp_path / "p.json"
+    make_partition(y, splits, 10, 3, {"kind": "iid"}, seed=0).save(path, y)
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({"format_version": 1}, "format_version 1, this version of fedfactor reads 2"),
+        ({"pools": {"val": [1, 2]}}, "pools must have exactly the keys val, test"),
+        ({"pools": {"val": [1], "test": [2], "train": [3]}}, "pools must have exactly the keys"),
+        ({"pools": {"val": [[1, 2]], "test": [3]}}, "flat lists of integers"),
+        ({"pools": {"val": [1.5], "test": [3]}}, "flat lists of integers"),
+        ({"pools": [[1], [2]]}, "pools must have exactly the keys"),
+    ],
+)
+def test_load_rejects_old_or_bad_pools(c10, tmp_path, change, reason):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({**saved_doc(c10, tmp_path), **change}))
+    with pytest.raises(UsageError) as err:
+        Partition.load(path)
+    message = str(err.value)
+    assert reason in message and message.endswith("delete it and create it again")
+    assert "\n" not in message
 
 
 def test_load_missing_file(tmp_path):

@@ -2,12 +2,15 @@
 
 Every client gets its own train, val and test indices drawn from the same class mix, so each
 personalised model is evaluated on its own task, plus a label map (original class -> the client's
-model target), which is how permuted-label and domain scenarios are expressed.
+model target), which is how permuted-label and domain scenarios are expressed. The label maps
+describe each client's task and follow from the spec alone (`task_label_maps`); the partition also
+keeps the pooled val and test splits, on which Factorized-FL and SimFed score every client.
 
 Most kinds are defined by a share matrix P [K, C] (P[k, c] = share of class c that client k gets);
 `_cut_by_shares` then cuts every split of every class at the same boundaries, so the clients are
 disjoint and together cover every sample of every class some client uses. `dirichlet_fixed`
-(FedDecomp) instead draws a fixed number of samples per client and split.
+(FedDecomp) instead draws a fixed number of samples per client and split, by default independently
+of the other clients, as FedDecomp's code does.
 """
 
 from __future__ import annotations
@@ -22,25 +25,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+from pydantic import ValidationError
 
+from ..config import PartitionConfig, validation_message
 from ..errors import UsageError
 from ..io import atomic_write_text
 from ..registry import Registry
 
 SPLITS = ("train", "val", "test")
-FORMAT_VERSION = 1
-
-DEFAULT_SPEC: dict[str, Any] = {
-    "kind": None,
-    "alpha": 0.5,
-    "classes_per_client": 2,
-    "groups": None,
-    "clients_per_group": None,
-    "samples_per_client": {"train": 500, "val": 0, "test": 100},
-    "min_train_samples": 1,
-    "permute_labels": False,
-    "permutation_seed": 1234,
-}
+POOLED_SPLITS = ("val", "test")  # the pooled splits a partition keeps for shared evaluation
+FORMAT_VERSION = 2
 
 # Factorized-FL supplement, Table 3 (B.2): five CIFAR-100 domains of ten classes, four clients each.
 # The class sets are the paper's (OCR-corrected) label column; each is the union of two standard
@@ -84,6 +78,11 @@ GROUP_PRESETS: dict[str, tuple[tuple[tuple[str, tuple[int, ...]], ...], int]] = 
     "cifar100_superclasses": (_superclass_groups(), 1),
 }
 
+_GROUPS_HINT = (
+    f"a preset name ({', '.join(sorted(GROUP_PRESETS))}) "
+    "or a non-empty list of non-empty lists of classes"
+)
+
 # Independent random streams per purpose, so e.g. the share draw does not depend on split sizes.
 _STREAM_SHARES, _STREAM_CUT, _STREAM_FIXED = 0, 1, 2
 
@@ -103,9 +102,10 @@ def labels_sha1(y: np.ndarray) -> str:
 @dataclass(eq=False)
 class Partition:
     num_clients: int
-    num_classes: int
+    num_classes: int  # model outputs
     clients: list[dict[str, np.ndarray]]
-    label_maps: np.ndarray
+    label_maps: np.ndarray  # [K, original classes]: the client's target, or -1 outside its task
+    pools: dict[str, np.ndarray]  # the sorted pooled val and test indices the clients were cut from
     meta: dict = field(default_factory=dict)
 
     def __eq__(self, other: object) -> bool:
@@ -116,6 +116,8 @@ class Partition:
             and self.num_classes == other.num_classes
             and self.meta == other.meta
             and np.array_equal(self.label_maps, other.label_maps)
+            and self.pools.keys() == other.pools.keys()
+            and all(np.array_equal(self.pools[s], other.pools[s]) for s in self.pools)
             and all(
                 np.array_equal(a[s], b[s])
                 for a, b in zip(self.clients, other.clients, strict=True)
@@ -135,6 +137,21 @@ class Partition:
         """The model targets of one client's split: its label map applied to the original labels."""
         return self.label_maps[client][np.asarray(y)[self.clients[client][split]]]
 
+    def shared_split(self, y: np.ndarray, client: int, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """(indices, targets) of the pooled `split` samples inside the client's task.
+
+        Factorized-FL and SimFed score every client on the pooled split, restricted to the classes
+        its label map covers (all of them, except in a domain scenario) and relabelled through it.
+        """
+        if split not in self.pools:
+            raise UsageError(
+                f"the shared split must be one of {', '.join(POOLED_SPLITS)} (got {split!r})"
+            )
+        idx = self.pools[split]
+        labels = self.label_maps[client][np.asarray(y)[idx]]
+        inside = labels >= 0
+        return idx[inside], labels[inside]
+
     def histograms(self, y: np.ndarray) -> dict[str, list[list[int]]]:
         n_orig = int(self.label_maps.shape[1])
         y = np.asarray(y)
@@ -151,6 +168,7 @@ class Partition:
             "num_classes": int(self.num_classes),
             "clients": [{s: c[s].astype(int).tolist() for s in SPLITS} for c in self.clients],
             "label_maps": self.label_maps.astype(int).tolist(),
+            "pools": {s: p.astype(int).tolist() for s, p in self.pools.items()},
             "meta": self.meta,
             "histograms": self.histograms(y),
         }
@@ -179,19 +197,31 @@ class Partition:
     @classmethod
     def _from_doc(cls, doc: dict) -> Partition:
         if doc["format_version"] != FORMAT_VERSION:
-            raise ValueError(f"format_version {doc['format_version']!r}, expected {FORMAT_VERSION}")
+            raise ValueError(
+                f"format_version {doc['format_version']!r}, this version of fedfactor reads "
+                f"{FORMAT_VERSION}"
+            )
         num_clients, num_classes = doc["num_clients"], doc["num_classes"]
         label_maps = np.asarray(doc["label_maps"], dtype=np.int64)
-        clients = [{s: np.asarray(c[s], dtype=np.int64) for s in SPLITS} for c in doc["clients"]]
+        clients = [{s: _index_list(c[s]) for s in SPLITS} for c in doc["clients"]]
         if not isinstance(num_clients, int) or not isinstance(num_classes, int):
             raise ValueError("num_clients and num_classes must be integers")
         if len(clients) != num_clients or label_maps.ndim != 2 or len(label_maps) != num_clients:
             raise ValueError("client lists do not match num_clients")
-        if any(c[s].ndim != 1 for c in clients for s in SPLITS):
-            raise ValueError("client indices must be flat lists")
+        if not isinstance(doc["pools"], dict) or set(doc["pools"]) != set(POOLED_SPLITS):
+            raise ValueError(f"pools must have exactly the keys {', '.join(POOLED_SPLITS)}")
+        pools = {s: _index_list(doc["pools"][s]) for s in POOLED_SPLITS}
         if not isinstance(doc["meta"], dict):
             raise ValueError("meta must be an object")
-        return cls(num_clients, num_classes, clients, label_maps, doc["meta"])
+        return cls(num_clients, num_classes, clients, label_maps, pools, doc["meta"])
+
+
+def _index_list(values: Any) -> np.ndarray:
+    indices = np.asarray(values)
+    # np.asarray(..., dtype=int64) would silently truncate 1.5 to 1, so check the dtype instead
+    if indices.ndim != 1 or (len(indices) and not np.issubdtype(indices.dtype, np.integer)):
+        raise ValueError("indices must be flat lists of integers")
+    return indices.astype(np.int64)
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,26 +236,26 @@ class _Task:
     num_clients: int
     spec: dict[str, Any]
     seed: int
-    # pools[split][c]: sorted indices of class c in that split
-    pools: dict[str, list[np.ndarray]] = field(init=False)
+    # class_pools[split][c]: sorted indices of class c in that split
+    class_pools: dict[str, list[np.ndarray]] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.pools = {}
+        self.class_pools = {}
         for s in SPLITS:
             idx = self.splits[s]
             by_label = idx[np.argsort(self.y[idx], kind="stable")]
             bounds = np.searchsorted(self.y[by_label], np.arange(self.num_classes + 1))
-            self.pools[s] = [by_label[bounds[c] : bounds[c + 1]] for c in range(self.num_classes)]
+            self.class_pools[s] = [
+                by_label[bounds[c] : bounds[c + 1]] for c in range(self.num_classes)
+            ]
 
     def class_counts(self, split: str) -> np.ndarray:
-        return np.array([len(p) for p in self.pools[split]], dtype=np.int64)
+        return np.array([len(p) for p in self.class_pools[split]], dtype=np.int64)
 
 
 @dataclass
 class _Layout:
     clients: list[dict[str, np.ndarray]]
-    num_outputs: int
-    label_maps: np.ndarray  # before any permutation
     meta: dict[str, Any]
 
 
@@ -256,32 +286,17 @@ def _cut_by_shares(task: _Task, shares: np.ndarray) -> list[dict[str, np.ndarray
         for c in range(task.num_classes):
             if shares[:, c].sum() == 0:  # no client uses this class
                 continue
-            pool = rng.permutation(task.pools[split][c])
+            pool = rng.permutation(task.class_pools[split][c])
             cuts = _boundaries(shares[:, c], len(pool))
             for k in range(task.num_clients):
                 parts[k].append(pool[cuts[k] : cuts[k + 1]])
         for k in range(task.num_clients):
-            clients[k][split] = np.sort(np.concatenate([np.empty(0, np.int64), *parts[k]]))
+            clients[k][split] = _sorted_union(parts[k])
     return clients
 
 
-def _layout_from_shares(
-    task: _Task,
-    shares: np.ndarray,
-    meta: dict[str, Any],
-    num_outputs: int | None = None,
-    labels: np.ndarray | None = None,
-) -> _Layout:
-    """Cut the data by `shares`.
-
-    A client's label map is the identity (or `labels`) for the classes it has a share of and -1
-    for the classes it can never see.
-    """
-    if labels is None:
-        labels = np.broadcast_to(np.arange(task.num_classes), shares.shape)
-    label_maps = np.where(shares > 0, labels, -1).astype(np.int64)
-    num_outputs = task.num_classes if num_outputs is None else num_outputs
-    return _Layout(_cut_by_shares(task, shares), num_outputs, label_maps, meta)
+def _sorted_union(chunks: list[np.ndarray]) -> np.ndarray:
+    return np.sort(np.concatenate([np.empty(0, np.int64), *chunks]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -291,12 +306,7 @@ def _layout_from_shares(
 @PARTITIONS.register("iid", "every class spread evenly over all clients")
 def _iid(task: _Task) -> _Layout:
     shares = np.full((task.num_clients, task.num_classes), 1.0 / task.num_clients)
-    return _layout_from_shares(task, shares, {})
-
-
-def _check_alpha(alpha: float) -> None:
-    if not alpha > 0:
-        raise UsageError(f"partition alpha must be > 0 (got {alpha}); e.g. 0.1, 0.5 or 1.0")
+    return _Layout(_cut_by_shares(task, shares), {})
 
 
 @PARTITIONS.register(
@@ -304,14 +314,14 @@ def _check_alpha(alpha: float) -> None:
 )
 def _dirichlet(task: _Task) -> _Layout:
     alpha, need = task.spec["alpha"], task.spec["min_train_samples"]
-    _check_alpha(alpha)
     rng = _rng(task.seed, _STREAM_SHARES)
     tries = 1000
     for _ in range(tries):
         shares = rng.dirichlet(np.full(task.num_clients, alpha), size=task.num_classes).T
         # tiny alpha can underflow to an all-zero (NaN) column; treat it as a failed draw
         if np.all(np.isfinite(shares)) and _train_counts(task, shares).min() >= need:
-            return _layout_from_shares(task, shares, {"alpha": alpha, "min_train_samples": need})
+            meta = {"alpha": alpha, "min_train_samples": need}
+            return _Layout(_cut_by_shares(task, shares), meta)
     raise UsageError(
         f"dirichlet partition: no draw in {tries} tries gave every client at least {need} train "
         "samples; raise alpha, lower min_train_samples or use fewer clients"
@@ -345,7 +355,7 @@ def _shards(task: _Task) -> _Layout:
     )
     totals = task.class_counts("train")
     shares = np.divide(held, totals, out=np.zeros(held.shape), where=totals > 0)
-    return _layout_from_shares(task, shares, {"classes_per_client": per_client})
+    return _Layout(_cut_by_shares(task, shares), {"classes_per_client": per_client})
 
 
 def _resolve_groups(
@@ -365,21 +375,14 @@ def _resolve_groups(
         names = [n for n, _ in named]
         groups = [list(g) for _, g in named]
         per_group = preset_per_group if per_group is None else per_group
-    elif isinstance(groups_spec, (list, tuple)) and groups_spec and all(
-        isinstance(g, (list, tuple)) and g and all(_is_int(c) for c in g) for g in groups_spec
-    ):
-        groups = [[int(c) for c in g] for g in groups_spec]
+    elif groups_spec and all(groups_spec):  # PartitionConfig has made it a list of int lists
+        groups = [list(g) for g in groups_spec]
         names = [f"group_{i}" for i in range(len(groups))]
         if per_group is None:  # infer it when the client count allows only one answer
             per_group = max(1, num_clients // len(groups))
     else:
-        raise UsageError(
-            f"class_groups needs groups: a preset name ({', '.join(sorted(GROUP_PRESETS))}) "
-            "or a non-empty list of non-empty lists of classes"
-        )
+        raise UsageError(f"class_groups needs groups: {_GROUPS_HINT}")
 
-    if not _is_int(per_group) or per_group < 1:
-        raise UsageError(f"clients_per_group must be an integer >= 1 (got {per_group!r})")
     seen: set[int] = set()
     for g in groups:
         missing = [c for c in g if not 0 <= c < num_classes]
@@ -397,21 +400,19 @@ def _resolve_groups(
             f"class_groups with {len(groups)} groups x {per_group} clients_per_group needs "
             f"num_clients = {len(groups) * per_group} (got {num_clients})"
         )
-    return groups, names, int(per_group), preset
+    return groups, names, per_group, preset
 
 
 @PARTITIONS.register(
     "class_groups", "domains: clients_per_group clients per disjoint class group (preset or list)"
 )
 def _class_groups(task: _Task) -> _Layout:
-    groups, names, per_group, preset = _resolve_groups(task.spec, task.num_classes, task.num_clients)
+    groups, names, per_group, preset = _resolve_groups(
+        task.spec, task.num_classes, task.num_clients
+    )
     shares = np.zeros((task.num_clients, task.num_classes))
-    labels = np.full((task.num_clients, task.num_classes), -1, dtype=np.int64)
     for k in range(task.num_clients):
-        group = sorted(groups[k // per_group])
-        shares[k, group] = 1.0 / per_group
-        # the paper labels each domain's classes in sorted order (supplement Table 3)
-        labels[k, group] = np.arange(len(group))
+        shares[k, groups[k // per_group]] = 1.0 / per_group
     meta = {
         "groups": groups,
         "group_names": names,
@@ -420,55 +421,72 @@ def _class_groups(task: _Task) -> _Layout:
     }
     if preset is not None:
         meta["groups_preset"] = preset
-    return _layout_from_shares(task, shares, meta, max(map(len, groups)), labels)
+    return _Layout(_cut_by_shares(task, shares), meta)
+
+
+def _capped_counts(
+    rng: np.random.Generator, n: int, mix: np.ndarray, room: np.ndarray
+) -> np.ndarray:
+    """Multinomial(n, mix) class counts, none above its room (the caller ensures sum(room) >= n).
+
+    What a full class cannot give is redrawn among the classes with room left, in proportion to
+    the mix, or to the room where the mix puts nothing on them (tiny alpha gives exact zeros).
+    Every redraw fills a class or ends the loop, so it runs at most once per class.
+    """
+    counts = np.zeros(len(mix), dtype=np.int64)
+    while (short := n - counts.sum()) > 0:
+        weights = np.where(counts < room, mix, 0.0)
+        if weights.sum() == 0:
+            weights = room - counts
+        counts = np.minimum(counts + rng.multinomial(short, weights / weights.sum()), room)
+    return counts
 
 
 @PARTITIONS.register(
-    "dirichlet_fixed", "FedDecomp: Dir(alpha) class mix per client, samples_per_client per split"
+    "dirichlet_fixed",
+    "FedDecomp: Dir(alpha) class mix per client, samples_per_client per split (overlap: shared)",
 )
 def _dirichlet_fixed(task: _Task) -> _Layout:
-    alpha, sizes = task.spec["alpha"], task.spec["samples_per_client"]
-    _check_alpha(alpha)
-    if sizes["train"] < 1:
-        raise UsageError("dirichlet_fixed: samples_per_client['train'] must be >= 1 (got 0)")
-    for split in SPLITS:
-        needed, have = sizes[split] * task.num_clients, len(task.splits[split])
+    """FedDecomp's official sampler: every client draws its own samples of every split.
+
+    With `overlap` (the official code) a client draws from the whole class pools, without
+    replacement but independently of the other clients, so clients may share samples; without it
+    a client draws from what the previous clients left. A client's splits never share a sample,
+    because the pooled splits are disjoint.
+    """
+    alpha, sizes, overlap = (task.spec[k] for k in ("alpha", "samples_per_client", "overlap"))
+    mixes = _rng(task.seed, _STREAM_SHARES).dirichlet(
+        np.full(task.num_classes, alpha), size=task.num_clients
+    )
+    clients: list[dict[str, np.ndarray]] = [{} for _ in range(task.num_clients)]
+    for split_no, split in enumerate(SPLITS):
+        n, have = sizes[split], len(task.splits[split])
+        needed = n if overlap else n * task.num_clients
         if needed > have:
+            who = "per client" if overlap else f"({n} x {task.num_clients} disjoint clients)"
             raise UsageError(
-                f"dirichlet_fixed needs {needed} {split} samples ({sizes[split]} x "
-                f"{task.num_clients} clients) but the split has {have}; lower samples_per_client"
+                f"dirichlet_fixed needs {needed} {split} samples {who} but the {split} split has "
+                f"{have}; lower samples_per_client"
             )
-    rng = _rng(task.seed, _STREAM_FIXED)
-    # every pool is shuffled once; taking from its front is drawing without replacement
-    pools = {s: [rng.permutation(p) for p in task.pools[s]] for s in SPLITS}
-    taken = {s: np.zeros(task.num_classes, dtype=np.int64) for s in SPLITS}
-    mixes = rng.dirichlet(np.full(task.num_classes, alpha), size=task.num_clients)
-    clients = []
-    for k, mix in enumerate(mixes):
-        if not np.all(np.isfinite(mix)):
-            raise UsageError(f"alpha={alpha} is too small to draw a class mix; use a larger alpha")
-        client = {}
-        for split in SPLITS:
-            counts = rng.multinomial(sizes[split], mix / mix.sum())
-            chunks = []
-            for c in np.flatnonzero(counts):
-                start, stop = taken[split][c], taken[split][c] + counts[c]
-                if stop > len(pools[split][c]):
-                    raise UsageError(
-                        f"dirichlet_fixed ran out of {split} samples of class {c} at client {k}; "
-                        "use fewer samples_per_client or fewer clients"
-                    )
-                chunks.append(pools[split][c][start:stop])
-                taken[split][c] = stop
-            client[split] = np.sort(np.concatenate([np.empty(0, np.int64), *chunks]))
-        clients.append(client)
-    label_maps = np.where(mixes > 0, np.arange(task.num_classes), -1).astype(np.int64)
-    meta = {"alpha": alpha, "samples_per_client": dict(sizes)}
-    return _Layout(clients, task.num_classes, label_maps, meta)
+        rng = _rng(task.seed, _STREAM_FIXED, split_no)
+        pools = task.class_pools[split]
+        if not overlap:  # shuffled once, so taking from the front is drawing without replacement
+            pools = [rng.permutation(p) for p in pools]
+        taken = np.zeros(task.num_classes, dtype=np.int64)  # stays zero with overlap
+        for k, mix in enumerate(mixes):
+            counts = _capped_counts(rng, n, mix, task.class_counts(split) - taken)
+            if overlap:
+                chunks = [rng.choice(pool, m, replace=False) for pool, m in zip(pools, counts)]
+            else:
+                chunks = [pool[t : t + m] for pool, t, m in zip(pools, taken, counts)]
+                taken += counts
+            clients[k][split] = _sorted_union(chunks)
+    meta = {"alpha": alpha, "samples_per_client": sizes, "overlap": overlap}
+    return _Layout(clients, meta)
 
 
 # --------------------------------------------------------------------------------------------
-# Spec checking, permutation and the entry point
+# Spec checking, label maps and the entry point
 
 
 def _is_int(x: Any) -> bool:
@@ -476,57 +494,47 @@ def _is_int(x: Any) -> bool:
 
 
 def _resolve_spec(spec: Any) -> dict[str, Any]:
+    """The spec completed and checked by PartitionConfig, the one source of defaults and ranges."""
     if not isinstance(spec, dict):
-        raise UsageError(f"partition spec must be a mapping with keys: {', '.join(DEFAULT_SPEC)}")
-    unknown = sorted(set(spec) - set(DEFAULT_SPEC), key=str)
-    if unknown:
         raise UsageError(
-            f"unknown partition key(s) {', '.join(map(repr, unknown))}; "
-            f"valid keys: {', '.join(DEFAULT_SPEC)}"
+            "partition spec must be a mapping with a kind and its options "
+            f"(got {type(spec).__name__})"
         )
-    out = {**DEFAULT_SPEC, **spec}
-    if out["kind"] is None:
+    # PartitionConfig falls back on iid, but a spec handed to make_partition without a kind is
+    # more likely a mistake than a wish for iid
+    if spec.get("kind") is None:
         raise UsageError(
             f"partition spec needs a kind; choose one of: {', '.join(PARTITIONS.names())}"
         )
-    PARTITIONS.get(out["kind"])  # unknown kind -> UsageError naming the choices
-
-    alpha = out["alpha"]
-    if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool) or not np.isfinite(alpha):
-        raise UsageError(f"partition alpha must be a finite number (got {alpha!r})")
-    out["alpha"] = float(alpha)
-    for key in ("classes_per_client", "min_train_samples", "permutation_seed"):
-        if not _is_int(out[key]):
-            raise UsageError(f"partition {key} must be an integer (got {out[key]!r})")
-        out[key] = int(out[key])
-    if out["min_train_samples"] < 1:
-        raise UsageError(f"min_train_samples must be >= 1 (got {out['min_train_samples']})")
-    if not isinstance(out["permute_labels"], bool):
-        raise UsageError(f"permute_labels must be true or false (got {out['permute_labels']!r})")
-    out["samples_per_client"] = _resolve_sizes(out["samples_per_client"])
-    return out
-
-
-def _resolve_sizes(sizes: Any) -> dict[str, int]:
-    if not isinstance(sizes, dict) or set(sizes) - set(SPLITS):
+    try:
+        resolved = PartitionConfig.model_validate(spec).model_dump(exclude={"file"})
+    except ValidationError as err:
+        # groups is a union, and pydantic's first error would name only one of its types
+        if err.errors()[0]["loc"][:1] == ("groups",):
+            raise UsageError(
+                f"partition.groups must be {_GROUPS_HINT} (got {spec['groups']!r})"
+            ) from None
+        raise UsageError(validation_message(err, prefix="partition.")) from None
+    if spec.get("file") is not None:
         raise UsageError(
-            f"samples_per_client must map some of {', '.join(SPLITS)} to sample counts "
-            f"(got {sizes!r})"
+            "partition.file names a saved partition (Partition.load reads it); "
+            "a spec to build one must leave it out"
         )
-    out = {**DEFAULT_SPEC["samples_per_client"], **sizes}
-    for split, n in out.items():
-        if not _is_int(n) or n < 0:
-            raise UsageError(f"samples_per_client[{split!r}] must be an integer >= 0 (got {n!r})")
-    return {s: int(out[s]) for s in SPLITS}
+    PARTITIONS.get(resolved["kind"])  # unknown kind -> UsageError naming the choices
+    return resolved
+
+
+def _check_counts(num_classes: Any, num_clients: Any) -> None:
+    if not _is_int(num_clients) or num_clients < 1:
+        raise UsageError(f"num_clients must be an integer >= 1 (got {num_clients!r})")
+    if not _is_int(num_classes) or num_classes < 1:
+        raise UsageError(f"num_classes must be an integer >= 1 (got {num_classes!r})")
 
 
 def _check_inputs(
     y: np.ndarray, splits: dict[str, np.ndarray], num_classes: int, num_clients: int, seed: int
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    if not _is_int(num_clients) or num_clients < 1:
-        raise UsageError(f"num_clients must be an integer >= 1 (got {num_clients!r})")
-    if not _is_int(num_classes) or num_classes < 1:
-        raise UsageError(f"num_classes must be an integer >= 1 (got {num_classes!r})")
+    _check_counts(num_classes, num_clients)
     if not _is_int(seed) or seed < 0:
         raise UsageError(f"seed must be an integer >= 0 (got {seed!r})")
     y = np.asarray(y)
@@ -576,6 +584,32 @@ def _permute(label_maps: np.ndarray, num_outputs: int, permutation_seed: int) ->
     return out
 
 
+def task_label_maps(spec: dict, num_classes: int, num_clients: int) -> tuple[np.ndarray, int]:
+    """(label maps int64 [K, C], model outputs) of a partition spec, without any data.
+
+    A label map says what each client's task is, not which classes its share happens to hold: in a
+    single-domain scenario every client solves the whole problem (identity over all classes, even
+    under heavy label skew); with class_groups a client's domain classes are labelled 0..n-1 in
+    sorted order and the other classes are -1. permute_labels then applies each client's
+    `client_permutation` to its labels.
+    """
+    _check_counts(num_classes, num_clients)
+    spec = _resolve_spec(spec)
+    if spec["kind"] == "class_groups":
+        groups, _, per_group, _ = _resolve_groups(spec, num_classes, num_clients)
+        num_outputs = max(map(len, groups))
+        label_maps = np.full((num_clients, num_classes), -1, dtype=np.int64)
+        for k in range(num_clients):
+            group = sorted(groups[k // per_group])
+            label_maps[k, group] = np.arange(len(group))  # supplement Table 3's order
+    else:
+        num_outputs = num_classes
+        label_maps = np.tile(np.arange(num_classes, dtype=np.int64), (num_clients, 1))
+    if spec["permute_labels"]:
+        label_maps = _permute(label_maps, num_outputs, spec["permutation_seed"])
+    return label_maps, num_outputs
+
+
 def make_partition(
     y: np.ndarray,
     splits: dict[str, np.ndarray],
@@ -587,6 +621,7 @@ def make_partition(
     """Partition (y, splits) over num_clients clients as `spec` says; deterministic in `seed`."""
     y, splits = _check_inputs(y, splits, num_classes, num_clients, seed)
     resolved = _resolve_spec(spec)
+    label_maps, num_outputs = task_label_maps(resolved, num_classes, num_clients)
     task = _Task(y, splits, int(num_classes), int(num_clients), resolved, int(seed))
     layout = PARTITIONS.get(resolved["kind"])(task)
 
@@ -597,10 +632,8 @@ def make_partition(
             f"clients {empty[:10]} got no train samples; "
             "use fewer clients or a less skewed partition"
         )
-    label_maps = layout.label_maps
     meta: dict[str, Any] = {"kind": resolved["kind"], **layout.meta}
     if resolved["permute_labels"]:
-        label_maps = _permute(label_maps, layout.num_outputs, resolved["permutation_seed"])
         meta["permutation_seed"] = resolved["permutation_seed"]
     meta.update(
         permute_labels=resolved["permute_labels"],
@@ -608,13 +641,5 @@ def make_partition(
         num_original_classes=int(num_classes),
         labels_sha1=labels_sha1(y),
     )
-    return Partition(task.num_clients, layout.num_outputs, layout.clients, label_maps, meta)
-
-
-def model_classes(num_classes: int, spec: dict[str, Any], num_clients: int) -> int:
-    """The number of model outputs a partition spec implies, without any data (`fedfactor cost`)."""
-    spec = _resolve_spec(spec)
-    if spec["kind"] != "class_groups":
-        return num_classes
-    groups, _, _, _ = _resolve_groups(spec, num_classes, num_clients)
-    return max(map(len, groups))
+    pools = {s: splits[s] for s in POOLED_SPLITS}
+    return Partition(task.num_clients, num_outputs, layout.clients, label_maps, pools, meta)

@@ -1,31 +1,36 @@
 """The one round loop.
 
 Every method runs through `Simulator.run`; only this loop moves state between clients and the
-server, and it passes every payload through the communication meter.
+server, and it passes every payload through the communication meter. The evaluation protocol
+(`eval` section: which test pool, which model, which number is reported) is applied here, the same
+way for every method, so no method can score itself differently.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from ..config import Config
-from ..devices import resolve_device
 from ..data import Partition, dataset_info, load_dataset, make_partition, make_splits
 from ..data.augment import AUGMENT_KINDS
-from ..data.partition import model_classes
+from ..data.partition import task_label_maps
+from ..devices import resolve_device
 from ..errors import UsageError
 from ..methods import METHODS, Context
 from ..models import build_model
 from .comm import CommMeter
 from .state import State, clone
-from .train import SGDConfig, Split, evaluate, fit
+from .train import Optim, Phase, Split, Trainer
+
+SPLITS = ("train", "val", "test")
 
 
 def derive_seed(*parts: int) -> int:
@@ -39,26 +44,77 @@ def build_partition(cfg: Config, y: np.ndarray, n_official_train: int, num_class
     return make_partition(y, splits, num_classes, cfg.fl.clients, cfg.partition.spec(), seed=cfg.seed)
 
 
-def head_is_local(cfg: Config) -> bool:
-    if cfg.fl.head != "auto":
-        return cfg.fl.head == "local"
-    return bool(cfg.partition.permute_labels) or cfg.partition.kind == "class_groups"
+def head_is_local(head: str, label_maps: np.ndarray) -> bool:
+    """A shared head needs every client to map classes to outputs the same way.
+
+    Decided from the partition actually used (its label maps), so a partition file with permuted
+    labels or class groups makes heads local even when the config's own fields do not say so.
+    """
+    if head != "auto":
+        return head == "local"
+    return bool((label_maps != label_maps[0]).any())
 
 
 @dataclass
-class EvalRow:
+class Scores:
+    """One evaluation of every client on one split."""
+
+    correct: np.ndarray
+    count: np.ndarray
+    loss: float  # summed over all clients' samples
+
+    @property
+    def per_client(self) -> np.ndarray:
+        return np.divide(self.correct, self.count, out=np.zeros(len(self.count)), where=self.count > 0)
+
+    @property
+    def mean(self) -> float:
+        return float(self.per_client.mean())
+
+    @property
+    def std(self) -> float:
+        return float(self.per_client.std())
+
+    @property
+    def weighted(self) -> float:
+        """Weighted by each client's number of scored samples."""
+        return float(self.correct.sum() / max(self.count.sum(), 1))
+
+    @property
+    def mean_loss(self) -> float:
+        return self.loss / max(self.count.sum(), 1)
+
+
+@dataclass
+class RoundRecord:
     round: int
-    accuracy_mean: float
-    accuracy_std: float
-    accuracy_weighted: float
-    test_loss: float
     train_loss: float
-    bytes_up: int
+    bytes_up: int  # cumulative
     bytes_down: int
     bytes_up_round: int
     bytes_down_round: int
     elapsed_seconds: float
-    per_client_accuracy: list[float] = field(repr=False, default_factory=list)
+    test: Scores | None = None  # None in rounds that are not evaluated
+    val: Scores | None = None  # None when not evaluated or no client has validation data
+    diagnostics: dict[str, float] = field(default_factory=dict)  # a method's scalars
+    arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # a method's matrices
+
+    def metrics(self) -> dict[str, float]:
+        """The row of metrics.csv and the metrics MLflow gets at step = round."""
+        row: dict[str, float] = {
+            "round": self.round, "train_loss": self.train_loss, "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down, "bytes_up_round": self.bytes_up_round,
+            "bytes_down_round": self.bytes_down_round, "elapsed_seconds": self.elapsed_seconds,
+        }
+        for prefix, s in (("", self.test), ("val_", self.val)):
+            if s is not None:
+                row.update({f"{prefix}accuracy_mean": s.mean, f"{prefix}accuracy_std": s.std,
+                            f"{prefix}accuracy_weighted": s.weighted, f"{prefix}loss": s.mean_loss})
+        return {**row, **self.diagnostics}
+
+
+# Metric names a method's diagnostics may not take (they would overwrite the loop's own columns).
+RESERVED = set(RoundRecord(0, 0.0, 0, 0, 0, 0, 0.0, Scores(np.ones(1), np.ones(1), 0), Scores(np.ones(1), np.ones(1), 0)).metrics())
 
 
 class Simulator:
@@ -74,76 +130,128 @@ class Simulator:
         self.device = torch.device("meta") if dry_run else resolve_device(cfg.fl.device)
         info = dataset_info(cfg.data.name, cfg.data.root)
         K = cfg.fl.clients
-        self.head_local = head_is_local(cfg)
         # Cheap checks first: a typo should not wait for a dataset to load.
-        method_cls = METHODS.get(cfg.method["name"])
+        self.method = METHODS.get(cfg.method["name"])(**{k: v for k, v in cfg.method.items() if k != "name"})
+        if dry_run and self.method.payload_depends_on_values:
+            raise UsageError(f"method {cfg.method['name']!r} sends payloads whose size depends on trained values; "
+                             "`fedfactor cost` cannot project it from shapes: run `fedfactor train` and read "
+                             "bytes_total from its summary.json")
         self.augment = info.augment if cfg.data.augment == "auto" else cfg.data.augment
         if self.augment not in AUGMENT_KINDS:
             raise UsageError(f"data.augment {self.augment!r} is unknown; choose auto, {', '.join(AUGMENT_KINDS)}")
         self.partition: Partition | None = None
         self.clients: list[dict[str, Split]] = []
+        self.x = torch.empty(0, device=self.device)
         if dry_run:
-            num_classes = model_classes(info.num_classes, cfg.partition.spec(), K)
+            if cfg.partition.file:
+                self.partition = self._read_partition()
+                label_maps, num_classes = self.partition.label_maps, self.partition.num_classes
+            else:
+                label_maps, num_classes = task_label_maps(cfg.partition.spec(), info.num_classes, K)
             train_sizes = [1] * K
         else:
             self._load_clients(info.num_classes)
-            num_classes = self.partition.num_classes
+            label_maps, num_classes = self.partition.label_maps, self.partition.num_classes
             train_sizes = [len(c["train"]) for c in self.clients]
+        self.head_local = head_is_local(cfg.fl.head, label_maps)
 
         torch.manual_seed(cfg.seed)
         with self.device:
-            self.model = build_model(cfg.model.name, info.channels, info.height, info.width, num_classes)
+            model = build_model(cfg.model.name, info.channels, info.height, info.width, num_classes)
+            self.model = self.method.prepare_model(model)
         init = clone(self.model.state_dict())
         self.params_total = sum(p.numel() for p in self.model.parameters())
-        float_keys = [k for k, v in init.items() if v.is_floating_point()]
+        fl = cfg.fl
+        optim = Optim(fl.optimizer, fl.lr, fl.momentum, fl.weight_decay)
+        self.trainer = Trainer(self.model, self.x, fl.batch_size, self.augment, optim)
         head = getattr(self.model, "head_name", "head") + "."
+        params = [k for k, _ in self.model.named_parameters()]
+        buffers = [k for k, b in self.model.named_buffers() if b.is_floating_point()]
         self.ctx = Context(
             model=self.model,
             num_clients=K,
             train_sizes=train_sizes,
-            float_keys=float_keys,
-            head_keys=[k for k in float_keys if k.startswith(head)],
+            param_keys=params,
+            buffer_keys=buffers,
+            head_keys=[k for k in [*params, *buffers] if k.startswith(head)],
             head_local=self.head_local,
-            epochs=cfg.fl.epochs,
-            train=self._train,
+            epochs=fl.epochs,
+            optim=optim,
+            fit=self._fit,
+            evaluate=lambda k, state, split: self.trainer.evaluate(state, self.clients[k][split]),
+            split=lambda k, name: self.clients[k][name],
+            batches=self._batches,
+            log=self._log,
         )
-        params = {k: v for k, v in cfg.method.items() if k != "name"}
-        self.method = method_cls(self.ctx, **params)
-        self.states: list[State] = [clone(init) for _ in range(K)]
+        self.method.bind(self.ctx)
+        self.states: list[State] = [self.method.init_client(k, init) for k in range(K)]
         self.server = self.method.init_server(init)
         self.meter = CommMeter()
-        self.sgd = SGDConfig(cfg.fl.lr, cfg.fl.momentum, cfg.fl.weight_decay, cfg.fl.batch_size)
-        self._round = 0
+        self._generators: dict[int, torch.Generator] = {}
+        self._scalars: dict[str, float] = {}
+        self._arrays: dict[str, np.ndarray] = {}
+
+    # -- data ----------------------------------------------------------------------------------
+    def _read_partition(self) -> Partition:
+        part = Partition.load(self.cfg.partition.file)
+        if part.num_clients != self.cfg.fl.clients:
+            raise UsageError(f"partition {self.cfg.partition.file} has {part.num_clients} clients "
+                             f"but fl.clients is {self.cfg.fl.clients}")
+        return part
 
     def _load_clients(self, num_classes: int) -> None:
-        """The dataset on the device, the partition, and every client's splits with its own labels."""
+        """The dataset on the device, the partition, and every client's splits under the protocol."""
         cfg = self.cfg
         ds = load_dataset(cfg.data.name, cfg.data.root, download=cfg.data.download, device=self.device)
         y = ds.y.cpu().numpy()
         if cfg.partition.file:
-            self.partition = Partition.load(cfg.partition.file)
+            self.partition = self._read_partition()
             self.partition.check_labels(y)
-            if self.partition.num_clients != cfg.fl.clients:
-                raise UsageError(f"partition {cfg.partition.file} has {self.partition.num_clients} clients "
-                                 f"but fl.clients is {cfg.fl.clients}")
         else:
             self.partition = build_partition(cfg, y, ds.n_official_train, num_classes)
         self.x = ds.x
-        self.clients = [self._client_splits(ds.y, k) for k in range(cfg.fl.clients)]
+        self.clients = [{s: self._split(y, k, s) for s in SPLITS} for k in range(cfg.fl.clients)]
+        if cfg.eval.report == "best_val" and not any(len(c["val"]) for c in self.clients):
+            raise UsageError("eval.report best_val needs validation data, but every client's val split is empty; "
+                             "give data.split (or partition.samples_per_client.val) a val share, or report last/best")
 
-    def _client_splits(self, y: torch.Tensor, k: int) -> dict[str, Split]:
-        lmap = torch.as_tensor(self.partition.label_maps[k], device=self.device)
-        out = {}
-        for name, idx in self.partition.clients[k].items():
-            idx_t = torch.as_tensor(idx, dtype=torch.long, device=self.device)
-            out[name] = Split(idx_t, lmap[y[idx_t]])
-        return out
+    def _split(self, y: np.ndarray, k: int, name: str) -> Split:
+        """Client k's split: its own cut, or for val/test under the shared pool the pooled split
+        restricted to its task's classes, always in the client's own labels."""
+        if name != "train" and self.cfg.eval.test_pool == "shared":
+            idx, targets = self.partition.shared_split(y, k, name)
+        else:
+            idx, targets = self.partition.clients[k][name], self.partition.targets(y, k, name)
+        as_tensor = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.long, device=self.device)  # noqa: E731
+        return Split(as_tensor(idx), as_tensor(targets))
 
-    def _train(self, k: int, params, epochs: int, loss_term=None) -> float:
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(derive_seed(self.cfg.seed, self._round, k))
-        return fit(self.model, params, self.x, self.clients[k]["train"], epochs, self.sgd, self.augment, gen, loss_term)
+    # -- services the method calls through its Context -----------------------------------------
+    def _generator(self, k: int) -> torch.Generator:
+        """One random stream per (seed, round, client), shared by every phase of that client's round."""
+        if k not in self._generators:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(derive_seed(self.cfg.seed, self.ctx.round, k))
+            self._generators[k] = gen
+        return self._generators[k]
 
+    def _fit(self, k: int, state: State, phases: list[Phase]) -> tuple[State, float]:
+        return self.trainer.fit(state, self.clients[k]["train"], phases, self._generator(k))
+
+    def _batches(self, k: int, epochs: int | None = None, steps: int | None = None, split: str = "train"):
+        return self.trainer.batches(self.clients[k][split], self._generator(k), epochs, steps)
+
+    def _log(self, name: str, value: Any) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in RESERVED:
+            raise ValueError(f"diagnostic name {name!r} must be [A-Za-z0-9_.-]+ and not one of {sorted(RESERVED)}")
+        if self.dry_run:
+            return
+        arr = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+        if arr.ndim == 0:
+            self._scalars[name] = float(arr)
+        else:
+            self._arrays[name] = arr
+
+    # -- the loop ------------------------------------------------------------------------------
     def sample(self, rnd: int) -> list[int]:
         K = self.cfg.fl.clients
         m = max(1, int(round(self.cfg.fl.fraction * K)))
@@ -152,66 +260,110 @@ class Simulator:
 
     def run_round(self, rnd: int) -> float:
         """One round: sampled clients download, train and upload; the server aggregates."""
-        self._round = rnd
+        self.ctx.round = rnd
+        self._generators, self._scalars, self._arrays = {}, {}, {}
         uploads: dict[int, State] = {}
         losses = []
         for k in self.sample(rnd):
             payload = self.meter.download(self.method.download(self.server, k))
-            self.states[k] = self.method.receive(k, self.states[k], payload)
+            state = self.method.receive(k, self.states[k], payload)
             if not self.dry_run:
-                self.model.load_state_dict(self.states[k])
-                losses.append(self.method.local_train(k, payload))
-                self.states[k] = clone(self.model.state_dict())
-            uploads[k] = self.meter.upload(self.method.upload(k, self.states[k]))
+                state, loss = self.method.local_train(k, state, payload)
+                losses.append(loss)
+            self.states[k] = state
+            uploads[k] = self.meter.upload(self.method.upload(k, state))
         weights = {k: float(self.ctx.train_sizes[k]) for k in uploads}
         self.server = self.method.aggregate(self.server, uploads, weights)
         self.meter.end_round()
         return float(np.nanmean(losses)) if losses and not np.all(np.isnan(losses)) else float("nan")
 
-    def evaluate(self, split: str = "test") -> tuple[np.ndarray, np.ndarray, float]:
-        """Every client's personalised model on its own split: (correct, count, summed loss) per client."""
+    def scored_state(self, k: int) -> State:
+        """The state client k is scored with under `eval.model`."""
+        if self.cfg.eval.model == "trained":
+            state = self.states[k]  # after its last local training; never-sampled clients: the initial model
+        else:
+            state = self.method.receive(k, self.states[k], self.method.download(self.server, k))
+        return self.method.evaluation_state(k, state)
+
+    def evaluate(self, split: str = "test") -> Scores:
+        """Every client's scored model on its `split` as the protocol defines it."""
         correct, count, loss = [], [], 0.0
         for k in range(self.cfg.fl.clients):
-            self.model.load_state_dict(self.method.evaluation_state(self.server, k, self.states[k]))
-            c, n, l = evaluate(self.model, self.x, self.clients[k][split])
+            c, n, l = self.trainer.evaluate(self.scored_state(k), self.clients[k][split])
             correct.append(c)
             count.append(n)
             loss += l
-        return np.array(correct), np.array(count), loss
+        return Scores(np.array(correct), np.array(count), loss)
 
-    def run(self, on_eval: Callable[[EvalRow], None] | None = None) -> list[EvalRow]:
-        if self.dry_run:
-            for rnd in range(1, self.cfg.fl.rounds + 1):
-                self.run_round(rnd)
-            return []
-        rows: list[EvalRow] = []
-        start = time.perf_counter()
+    def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> list[RoundRecord]:
         R = self.cfg.fl.rounds
+        if self.dry_run:
+            try:
+                for rnd in range(1, R + 1):
+                    self.run_round(rnd)
+            except NotImplementedError as e:  # an operation meta tensors cannot do: sizes depend on values
+                raise UsageError(f"method {self.cfg.method['name']!r} cannot be costed from shapes alone "
+                                 f"({str(e).splitlines()[0][:120]}); run `fedfactor train` and read bytes_total "
+                                 "from its summary.json") from None
+            return []
+        records: list[RoundRecord] = []
+        has_val = any(len(c["val"]) for c in self.clients)
+        start = time.perf_counter()
         bar = tqdm(range(1, R + 1), desc=f"{self.cfg.method['name']}", unit="round",
                    disable=not sys.stderr.isatty(), leave=False)
         for rnd in bar:
             train_loss = self.run_round(rnd)
-            if rnd % self.cfg.fl.eval_every and rnd != R:
-                continue
-            correct, count, loss = self.evaluate()
-            acc = np.divide(correct, count, out=np.zeros(len(count)), where=count > 0)
+            scored = rnd % self.cfg.fl.eval_every == 0 or rnd == R
+            test = self.evaluate("test") if scored else None
+            val = self.evaluate("val") if scored and has_val else None
             up, down = self.meter.history[-1]
-            row = EvalRow(
-                round=rnd,
-                accuracy_mean=float(acc.mean()),
-                accuracy_std=float(acc.std()),
-                accuracy_weighted=float(correct.sum() / max(count.sum(), 1)),
-                test_loss=loss / max(count.sum(), 1),
-                train_loss=train_loss,
-                bytes_up=self.meter.up,
-                bytes_down=self.meter.down,
-                bytes_up_round=up,
-                bytes_down_round=down,
-                elapsed_seconds=time.perf_counter() - start,
-                per_client_accuracy=acc.tolist(),
-            )
-            rows.append(row)
-            bar.set_postfix(acc=f"{row.accuracy_mean:.3f}")
-            if on_eval is not None:
-                on_eval(row)
-        return rows
+            rec = RoundRecord(rnd, train_loss, self.meter.up, self.meter.down, up, down,
+                              time.perf_counter() - start, test, val, dict(self._scalars), dict(self._arrays))
+            records.append(rec)
+            if test is not None:
+                bar.set_postfix(acc=f"{test.mean:.3f}")
+            if on_round is not None:
+                on_round(rec)
+        return records
+
+
+# What each accuracy in summary.json means; written into the summary so no reader has to guess.
+ACCURACY_FIELDS = {
+    "accuracy_mean": "mean over clients of each client's accuracy, last round",
+    "accuracy_std": "std over clients, last round",
+    "accuracy_weighted": "accuracy over all scored samples (clients weighted by test size), last round",
+    "per_client_accuracy": "each client's accuracy, last round",
+    "accuracy_best_mean": "the highest accuracy_mean over evaluated rounds (round: best_round)",
+    "accuracy_best_weighted": "the highest accuracy_weighted over evaluated rounds (round: best_weighted_round)",
+    "accuracy_at_best_val": "accuracy_mean at the round with the highest mean validation accuracy "
+                            "(round: best_val_round); null without validation data",
+    "accuracy": "the number eval.report picks (round: accuracy_round); tables show this one",
+}
+
+
+def summarize(records: list[RoundRecord], report: str) -> dict[str, Any]:
+    """Last-round, best-round and best-on-validation accuracies, and the one `report` picks."""
+    scored = [r for r in records if r.test is not None]
+    last = scored[-1]
+    best = max(scored, key=lambda r: r.test.mean)  # the first of equal rounds
+    best_w = max(scored, key=lambda r: r.test.weighted)
+    with_val = [r for r in scored if r.val is not None]
+    best_val = max(with_val, key=lambda r: r.val.mean) if with_val else None
+    out = {
+        "accuracy_mean": last.test.mean,
+        "accuracy_std": last.test.std,
+        "accuracy_weighted": last.test.weighted,
+        "per_client_accuracy": last.test.per_client.tolist(),
+        "accuracy_best_mean": best.test.mean,
+        "best_round": best.round,
+        "accuracy_best_weighted": best_w.test.weighted,
+        "best_weighted_round": best_w.round,
+        "accuracy_at_best_val": best_val.test.mean if best_val else None,
+        "best_val_round": best_val.round if best_val else None,
+        "val_accuracy_best": best_val.val.mean if best_val else None,
+    }
+    picked = {"last": ("accuracy_mean", last), "best": ("accuracy_best_mean", best),
+              "best_weighted": ("accuracy_best_weighted", best_w), "best_val": ("accuracy_at_best_val", best_val)}
+    key, rec = picked[report]
+    out["accuracy"], out["accuracy_round"] = out[key], rec.round if rec else None
+    return out

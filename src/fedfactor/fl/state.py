@@ -42,6 +42,25 @@ def weighted_average(states: list[Mapping[str, torch.Tensor]], weights: Iterable
     return out
 
 
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes on the wire for one tensor: element count x element size.
+
+    A sparse tensor is sent as what it holds: its non-zero values plus their indices, in the dtypes
+    torch keeps them in (COO: an int64 index per dimension per value; CSR/CSC: compressed and plain
+    index arrays).
+    """
+    if t.layout == torch.sparse_coo:
+        t = t.coalesce()
+        parts = (t.values(), t.indices())
+    elif t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        parts = (t.values(), t.crow_indices(), t.col_indices())
+    elif t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        parts = (t.values(), t.ccol_indices(), t.row_indices())
+    else:
+        parts = (t,)
+    return sum(p.numel() * p.element_size() for p in parts)
+
+
 def nbytes(payload: Mapping[str, torch.Tensor]) -> int:
-    """Bytes on the wire: element count x element size, summed over every tensor sent."""
-    return sum(t.numel() * t.element_size() for t in payload.values())
+    """Bytes on the wire, summed over every tensor sent."""
+    return sum(tensor_bytes(t) for t in payload.values())

@@ -1,14 +1,24 @@
-"""Local training and evaluation on tensors that already live on the training device."""
+"""Local training as data, and evaluation, on tensors that already live on the training device.
+
+A method describes a client's local training as a list of `Phase`s: which parameters train, for how
+many epochs or steps, with which optimizer and learning rates, and an optional extra loss written
+as a function of the parameters, the batch and the logits (never of a module's side effects).
+`Trainer.fit` executes such a plan for one client on the one shared model object; a later
+performance pass can execute the same plans for many clients at once. Evaluation goes through
+`torch.func.functional_call`, so scoring any state never disturbs the model a method is training.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Iterable
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Literal, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from ..data.augment import augment_batch
+from .state import State, clone, select
 
 
 @dataclass
@@ -22,66 +32,163 @@ class Split:
         return len(self.idx)
 
 
-@dataclass
-class SGDConfig:
-    lr: float
-    momentum: float
-    weight_decay: float
-    batch_size: int
+@dataclass(frozen=True)
+class Batch:
+    x: torch.Tensor
+    y: torch.Tensor
 
 
-def fit(
-    model: torch.nn.Module,
-    params: Iterable[torch.nn.Parameter],
-    x: torch.Tensor,
-    split: Split,
-    epochs: int,
-    sgd: SGDConfig,
-    augment: str,
-    generator: torch.Generator,
-    loss_term: Callable[[torch.nn.Module], torch.Tensor | None] | None = None,
-) -> float:
-    """E epochs of minibatch SGD; returns the mean training loss over all steps.
-
-    A fresh optimizer per call: FedAvg-style methods (and FedDecomp's official code) restart SGD
-    every round, and it keeps per-client state to the model alone.
-    """
-    params = [p for p in params if p.requires_grad]
-    if not params or len(split) == 0 or epochs == 0:
-        return float("nan")
-    opt = torch.optim.SGD(params, lr=sgd.lr, momentum=sgd.momentum, weight_decay=sgd.weight_decay)
-    model.train()
-    total, steps = torch.zeros((), device=x.device), 0
-    n = len(split)
-    for _ in range(epochs):
-        order = torch.randperm(n, generator=generator, device=x.device)
-        for start in range(0, n, sgd.batch_size):
-            b = order[start : start + sgd.batch_size]
-            xb = augment_batch(x[split.idx[b]], augment, generator)
-            loss = F.cross_entropy(model(xb), split.y[b])
-            if loss_term is not None:
-                extra = loss_term(model)
-                if extra is not None:
-                    loss = loss + extra
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            # Summed on the device: a .item() per step would synchronise a GPU every batch.
-            total += loss.detach()
-            steps += 1
-    return (total / steps).item()
+@dataclass(frozen=True)
+class Optim:
+    kind: Literal["sgd", "adam"] = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.0  # SGD
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)  # Adam
 
 
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, x: torch.Tensor, split: Split, batch_size: int = 1024) -> tuple[int, int, float]:
-    """(correct, count, summed loss) of the model on one client's split."""
-    model.eval()
-    correct = torch.zeros((), dtype=torch.long, device=x.device)
-    loss = torch.zeros((), device=x.device)
-    for start in range(0, len(split), batch_size):
-        sl = slice(start, start + batch_size)
-        logits = model(x[split.idx[sl]])
-        y = split.y[sl]
-        correct += (logits.argmax(1) == y).sum()
-        loss += F.cross_entropy(logits, y, reduction="sum")
-    return int(correct), len(split), float(loss)
+# extra_loss(params, batch, logits) -> scalar, added to the cross-entropy; `params` are the model's
+# named parameters as trained (FedProx: mu/2 ||params - anchor||^2).
+ExtraLoss = Callable[[Mapping[str, torch.Tensor], Batch, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One stretch of local training. Give epochs or steps (minibatches), not both."""
+
+    params: Sequence[str] | None = None  # names of the parameters that train; None: all of them
+    epochs: int | None = None
+    steps: int | None = None
+    optim: Optim | None = None  # None: the run's optimizer (the config's fl section)
+    lr: Mapping[str, float] = field(default_factory=dict)  # per-parameter learning rates
+    loss: ExtraLoss | None = None
+    # Keep this phase's optimizer state (momentum, Adam moments) in the client's state between
+    # rounds, under "optim.<phase name>.<parameter>.<entry>"; None restarts it every round.
+    keep_optimizer: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.epochs is None) == (self.steps is None):
+            raise ValueError("a Phase needs exactly one of epochs and steps")
+        if (self.epochs or 0) < 0 or (self.steps or 0) < 0:
+            raise ValueError("a Phase's epochs and steps must be >= 0")
+
+
+class Trainer:
+    """Runs phases and evaluations for any client on the shared model; holds no client state."""
+
+    def __init__(self, model: torch.nn.Module, x: torch.Tensor, batch_size: int, augment: str, optim: Optim):
+        self.model = model
+        self.x = x
+        self.batch_size = batch_size
+        self.augment = augment
+        self.optim = optim
+        self.model_keys = list(model.state_dict())
+
+    def batches(self, split: Split, generator: torch.Generator, epochs: int | None = None,
+                steps: int | None = None) -> Iterator[Batch]:
+        """Shuffled, augmented minibatches: `epochs` passes, or `steps` batches across passes."""
+        n = len(split)
+        if n == 0:
+            return
+        total = steps if steps is not None else (epochs or 0) * math.ceil(n / self.batch_size)
+        done = 0
+        while done < total:
+            order = torch.randperm(n, generator=generator, device=self.x.device)
+            for start in range(0, n, self.batch_size):
+                if done == total:
+                    return
+                b = order[start : start + self.batch_size]
+                yield Batch(augment_batch(self.x[split.idx[b]], self.augment, generator), split.y[b])
+                done += 1
+
+    def fit(self, state: State, split: Split, phases: Sequence[Phase], generator: torch.Generator) -> tuple[State, float]:
+        """Train `state` on `split` phase by phase; returns the new state and the mean training loss.
+
+        Entries of `state` that are not the model's (a method's per-client extras) pass through,
+        updated with any optimizer state a phase keeps.
+        """
+        self.model.load_state_dict(select(state, self.model_keys))
+        out = dict(state)
+        total, steps = torch.zeros((), device=self.x.device), 0
+        for phase in phases:
+            loss_sum, n = self._run(phase, split, generator, out)
+            total += loss_sum
+            steps += n
+        out.update(clone(self.model.state_dict()))
+        return out, (total / steps).item() if steps else float("nan")
+
+    def _run(self, phase: Phase, split: Split, generator: torch.Generator, state: State) -> tuple[torch.Tensor, int]:
+        named = dict(self.model.named_parameters())
+        names = list(named) if phase.params is None else list(phase.params)
+        unknown = [p for p in names if p not in named]
+        if unknown:
+            raise KeyError(f"phase trains unknown parameters {unknown[:3]}; parameters are {list(named)[:5]}...")
+        total = torch.zeros((), device=self.x.device)
+        if not names:
+            return total, 0
+        opt = self._optimizer(phase, [(n, named[n]) for n in names])
+        if phase.keep_optimizer:
+            self._restore(opt, phase.keep_optimizer, named, state)
+        frozen = {n: p.requires_grad for n, p in named.items()}
+        steps = 0
+        try:
+            for n, p in named.items():  # no gradients for what this phase does not train
+                p.requires_grad_(n in names)
+            self.model.train()
+            for batch in self.batches(split, generator, phase.epochs, phase.steps):
+                logits = self.model(batch.x)
+                loss = F.cross_entropy(logits, batch.y)
+                if phase.loss is not None:
+                    loss = loss + phase.loss(named, batch, logits)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                # Summed on the device: a .item() per step would synchronise a GPU every batch.
+                total += loss.detach()
+                steps += 1
+        finally:
+            for n, p in named.items():
+                p.requires_grad_(frozen[n])
+        if phase.keep_optimizer:
+            self._save(opt, phase.keep_optimizer, named, state)
+        return total, steps
+
+    def _optimizer(self, phase: Phase, params: list[tuple[str, torch.nn.Parameter]]) -> torch.optim.Optimizer:
+        o = phase.optim or self.optim
+        by_lr: dict[float, list[torch.nn.Parameter]] = {}
+        for name, p in params:
+            by_lr.setdefault(float(phase.lr.get(name, o.lr)), []).append(p)
+        groups = [{"params": ps, "lr": lr} for lr, ps in by_lr.items()]
+        if o.kind == "adam":
+            return torch.optim.Adam(groups, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+        return torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+
+    @staticmethod
+    def _restore(opt: torch.optim.Optimizer, tag: str, named: dict, state: State) -> None:
+        for name, p in named.items():
+            prefix = f"optim.{tag}.{name}."
+            kept = {k[len(prefix):]: v.clone() for k, v in state.items() if k.startswith(prefix)}
+            if kept:
+                opt.state[p] = kept
+
+    @staticmethod
+    def _save(opt: torch.optim.Optimizer, tag: str, named: dict, state: State) -> None:
+        for name, p in named.items():
+            for entry, value in opt.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor):
+                    state[f"optim.{tag}.{name}.{entry}"] = value.detach().clone()
+
+    @torch.no_grad()
+    def evaluate(self, state: State, split: Split, batch_size: int = 1024) -> tuple[int, int, float]:
+        """(correct, count, summed loss) of `state` on a split; the model object is left untouched."""
+        weights = select(state, self.model_keys)
+        self.model.eval()
+        correct = torch.zeros((), dtype=torch.long, device=self.x.device)
+        loss = torch.zeros((), device=self.x.device)
+        for start in range(0, len(split), batch_size):
+            sl = slice(start, start + batch_size)
+            logits = torch.func.functional_call(self.model, weights, (self.x[split.idx[sl]],))
+            y = split.y[sl]
+            correct += (logits.argmax(1) == y).sum()
+            loss += F.cross_entropy(logits, y, reduction="sum")
+        return int(correct), len(split), float(loss)

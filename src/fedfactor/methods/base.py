@@ -1,43 +1,71 @@
-"""FedAvg, written as the four hooks every other method overrides a few of.
+"""FedAvg, written as the hooks every other method overrides a few of.
 
 A method never touches the network: the round loop calls `download` and `upload` and counts
 whatever they return, so communication cost is measured from what is sent.
 
+Server side
+    init_server(init_state) -> server   the method's own dict of tensors
     download(server, k) -> payload      what client k receives (personalised per client if needed)
-    receive(k, state, payload) -> state how the client merges it into its own state (pure)
-    local_train(k, received) -> loss    how the client trains (parameter groups, extra loss terms)
-    upload(k, state) -> payload         what client k sends (which parameters are shared)
     aggregate(server, uploads, weights) how the server combines uploads into its state
+Client side
+    init_client(k, init_state) -> state the client's state: the model's entries plus any extras
+    receive(k, state, payload) -> state how the client merges what it received (pure)
+    plan(k, state, received) -> phases  local training as data (which parameters, how long, optimizer, loss)
+    local_train(k, state, received)     executes the plan; override only what a plan cannot say
+    upload(k, state) -> payload         what client k sends (which entries are shared)
+    evaluation_state(k, state) -> state what is scored, given the model the protocol picked
+Before the run
+    prepare_model(model) -> model       swap layers (factorized, low-rank, ...) before the first state
 
-All state is plain dicts of tensors: `server` is a dict the method owns, client states are model
-state dicts the simulator keeps.
+Every hook can read the round as `self.ctx.round`. Client state is a plain dict of tensors the
+simulator keeps per client: the model's state dict plus any entries a method adds (extra models,
+mixture weights, kept optimizer state); only what a hook returns as a payload is sent and counted.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Sequence
 
 import torch
+from pydantic import ConfigDict, ValidationError, create_model
+from pydantic.fields import FieldInfo
 
+from ..config import validation_message
 from ..errors import UsageError
 from ..fl.state import State, clone, select, weighted_average
+from ..fl.train import Batch, Optim, Phase, Split
 
 
 @dataclass
 class Context:
-    """What the simulator tells a method about the run."""
+    """What the simulator tells a method about the run, and the client-side services it offers."""
 
     model: torch.nn.Module  # the one model object shared by all clients
     num_clients: int
     train_sizes: list[int]
-    float_keys: list[str]  # floating-point state entries: parameters and BatchNorm statistics
-    head_keys: list[str]  # the classifier's state entries
-    head_local: bool  # labels permuted or class groups differ: the head is never aggregated
-    epochs: int
-    # train(k, parameters, epochs, loss_term) -> mean loss; runs on the model as loaded for client k
-    train: Callable[..., float]
+    param_keys: list[str]  # learnable parameters
+    buffer_keys: list[str]  # floating-point buffers (BatchNorm running statistics)
+    head_keys: list[str]  # the classifier's entries (parameters and buffers)
+    head_local: bool  # clients map classes to outputs differently: the head is never aggregated
+    epochs: int  # the config's local epochs (fl.epochs)
+    optim: Optim  # the config's optimizer
+    # fit(k, state, phases) -> (state, mean loss): train client k's state on its train split
+    fit: Callable[[int, State, Sequence[Phase]], tuple[State, float]]
+    # evaluate(k, state, split) -> (correct, count, summed loss) on client k's "val" or "test"
+    evaluate: Callable[[int, State, str], tuple[int, int, float]]
+    # split(k, name) -> client k's "train", "val" or "test" data as the protocol defines it
+    split: Callable[[int, str], Split]
+    # batches(k, epochs=None, steps=None, split="train") -> shuffled, augmented minibatches
+    batches: Callable[..., Iterator[Batch]]
+    # log(name, value): a per-round diagnostic; scalars go to metrics.csv and MLflow, arrays to files
+    log: Callable[[str, Any], None]
+    round: int = 0  # the current round, 1-based; 0 before the first
+    float_keys: list[str] = field(init=False)  # parameters and float buffers: what FedAvg shares
+
+    def __post_init__(self) -> None:
+        self.float_keys = [*self.param_keys, *self.buffer_keys]
 
     def parameters(self, keys: Iterable[str] | None = None) -> list[torch.nn.Parameter]:
         named = dict(self.model.named_parameters())
@@ -46,18 +74,46 @@ class Context:
 
 class Method:
     name = "fedavg"
-    # Hyperparameters with their defaults; `method.<key>` in the config overrides them.
-    defaults: dict[str, Any] = {}
+    # Hyperparameters with their defaults, typed from them; `method.<key>` in the config overrides
+    # them. A value may be a pydantic Field to add a range, e.g. {"mu": Field(0.01, ge=0)}.
+    defaults: ClassVar[dict[str, Any]] = {}
+    # True when what is sent depends on trained values (sparse or pruned payloads): `fedfactor cost`
+    # cannot project it from shapes and says so.
+    payload_depends_on_values: ClassVar[bool] = False
 
-    def __init__(self, ctx: Context, **params: Any):
-        unknown = sorted(set(params) - set(self.defaults))
-        if unknown:
-            valid = ", ".join(self.defaults) or "none"
-            raise UsageError(f"method {self.name!r} has no parameter {unknown[0]!r}; valid: {valid}")
+    def __init__(self, **params: Any):
+        self.hp = SimpleNamespace(**self.validate_params(params))
+
+    @classmethod
+    def validate_params(cls, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Hyperparameters coerced to the types of their defaults and range-checked, as a dict."""
+        fields = {}
+        for key, default in cls.defaults.items():
+            value = default.default if isinstance(default, FieldInfo) else default
+            fields[key] = (Any if value is None else type(value), default)
+        model = create_model(f"{cls.__name__}Params", __config__=ConfigDict(extra="forbid", allow_inf_nan=False),
+                             **fields)
+        try:
+            return model.model_validate(dict(params)).model_dump()
+        except ValidationError as e:
+            first = e.errors()[0]
+            if first["type"] == "extra_forbidden":
+                valid = ", ".join(cls.defaults) or "none"
+                raise UsageError(f"method {cls.name!r} has no parameter {first['loc'][0]!r}; valid: {valid}") from None
+            raise UsageError(validation_message(e, prefix="method.")) from None
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Change the model before the run starts (runs on the meta device for `fedfactor cost`)."""
+        return model
+
+    def bind(self, ctx: Context) -> None:
         self.ctx = ctx
-        self.hp = SimpleNamespace(**{**self.defaults, **params})
-        personal = set(ctx.head_keys) if ctx.head_local else set()
-        self.shared = [k for k in ctx.float_keys if k not in personal]
+        self.shared = self.shared_keys()
+
+    def shared_keys(self) -> list[str]:
+        """The state entries clients upload and the server averages."""
+        personal = set(self.ctx.head_keys) if self.ctx.head_local else set()
+        return [k for k in self.ctx.float_keys if k not in personal]
 
     # -- server side ---------------------------------------------------------------------------
     def init_server(self, init_state: Mapping[str, torch.Tensor]) -> dict:
@@ -73,19 +129,26 @@ class Method:
         return server
 
     # -- client side ---------------------------------------------------------------------------
+    def init_client(self, k: int, init_state: Mapping[str, torch.Tensor]) -> State:
+        return clone(init_state)
+
     def receive(self, k: int, state: State, payload: State) -> State:
         return {**state, **payload}
 
-    def local_train(self, k: int, received: State) -> float:
-        return self.ctx.train(k, self.ctx.parameters(), self.ctx.epochs)
+    def plan(self, k: int, state: State, received: State) -> list[Phase]:
+        """All parameters, the config's epochs and optimizer."""
+        return [Phase(epochs=self.ctx.epochs)]
+
+    def local_train(self, k: int, state: State, received: State) -> tuple[State, float]:
+        return self.ctx.fit(k, state, self.plan(k, state, received))
 
     def upload(self, k: int, state: State) -> State:
         return select(state, self.shared)
 
-    def evaluation_state(self, server: dict, k: int, state: State) -> State:
-        """The model client k holds between rounds: its state merged with what the server sends.
+    def evaluation_state(self, k: int, state: State) -> State:
+        """What client k is scored with, given the model the evaluation protocol picked.
 
-        For FedAvg this is the global model (with the client's own head where heads are local);
-        for Stand-Alone the client's own model.
+        The protocol (`eval.model`) picks what the client received or what it trained; a method
+        that scores something else (Per-FedAvg's adaptation step) changes it here.
         """
-        return self.receive(k, state, self.download(server, k))
+        return state

@@ -23,7 +23,8 @@ def load_curves(paths: list[str | Path]) -> pd.DataFrame:
             frames.append(m.assign(scenario=meta["scenario"], method=meta["method"], seed=meta["seed"]))
     if not frames:
         raise UsageError(f"no runs (summary.json + metrics.csv) found in {', '.join(map(str, paths))}")
-    return pd.concat(frames, ignore_index=True)
+    # Rounds that were not evaluated (fl.eval_every > 1) have training metrics but no accuracy.
+    return pd.concat(frames, ignore_index=True).dropna(subset=["accuracy_mean"])
 
 
 def accuracy_curves(curves: pd.DataFrame, out: str | Path, title: str = "") -> list[str]:

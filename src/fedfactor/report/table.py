@@ -11,8 +11,19 @@ from ..errors import UsageError
 from ..io import atomic_write_text
 
 
+PROTOCOL_WORDS = {
+    "client": "on its own test split", "shared": "on the pooled test split through its own label map",
+    "received": "model as received from the server", "trained": "model after its local training",
+    "last": "last round", "best": "best round of the mean", "best_weighted": "best round of the test-size-weighted mean",
+    "best_val": "round best on validation",
+}
+
+
 def collect(paths: list[str | Path]) -> pd.DataFrame:
-    """One row per run from summary.json files (directories are searched recursively)."""
+    """One row per run from summary.json files (directories are searched recursively).
+
+    Runs scored under different evaluation protocols are refused: one table, one protocol.
+    """
     files: list[Path] = []
     for p in map(Path, paths):
         files += sorted(p.rglob("summary.json")) if p.is_dir() else [p]
@@ -24,16 +35,30 @@ def collect(paths: list[str | Path]) -> pd.DataFrame:
             s = json.loads(f.read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise UsageError(f"cannot read run summary {f}: {e}") from None
-        rows.append({k: s[k] for k in ("scenario", "method", "seed", "accuracy_mean", "accuracy_best_mean",
-                                       "accuracy_weighted", "bytes_total", "rounds", "clients")})
-    return pd.DataFrame(rows)
+        try:
+            row = {k: s[k] for k in ("scenario", "method", "seed", "accuracy", "accuracy_mean", "accuracy_best_mean",
+                                     "accuracy_weighted", "bytes_total", "rounds", "clients")}
+            protocol = s["protocol"]
+            row.update(test_pool=protocol["test_pool"], eval_model=protocol["model"], report=protocol["report"])
+        except (KeyError, TypeError) as e:
+            raise UsageError(f"run summary {f} lacks {e}; it was written by an older fedfactor: re-run it") from None
+        rows.append(row)
+    runs = pd.DataFrame(rows)
+    protocols = runs[["test_pool", "eval_model", "report"]].drop_duplicates()
+    if len(protocols) > 1:
+        raise UsageError("these runs were scored under different evaluation protocols ("
+                         + "; ".join("/".join(p) for p in protocols.itertuples(index=False))
+                         + "); make one table per protocol")
+    return runs
 
 
 def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
     """Per (scenario, method): seeds, mean and std (ddof=0 so one seed gives 0) of each metric."""
-    g = runs.groupby(["scenario", "method"], sort=False)
+    g = runs.groupby(["scenario", "method", "test_pool", "eval_model", "report"], sort=False)
     out = g.agg(
         seeds=("seed", "nunique"),
+        accuracy=("accuracy", "mean"),
+        accuracy_sd=("accuracy", lambda s: s.std(ddof=0)),
         accuracy_mean=("accuracy_mean", "mean"),
         accuracy_std=("accuracy_mean", lambda s: s.std(ddof=0)),
         accuracy_best_mean=("accuracy_best_mean", "mean"),
@@ -44,25 +69,30 @@ def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def to_markdown(agg: pd.DataFrame, title: str) -> str:
-    """Accuracy (%) at the last round, mean +- std over seeds; communication in GB (1e9 bytes)."""
+    """The reported accuracy (%), mean +- std over seeds; communication in GB (1e9 bytes)."""
     scenarios = list(dict.fromkeys(agg["scenario"]))
     methods = list(dict.fromkeys(agg["method"]))
     cell = {(r.scenario, r.method): r for r in agg.itertuples()}
     head = ["method", *scenarios, "cost [GB]"]
     lines = [f"# {title}", "",
-             "Accuracy [%] of each client's personalised model on its own test split, last round, "
-             "mean +- std over seeds (seeds per cell in brackets); cost = bytes sent up and down, summed over the run.",
+             f"Accuracy [%]: mean over clients, each client's {_words(agg, 'eval_model')} scored "
+             f"{_words(agg, 'test_pool')}, {_words(agg, 'report')}; mean +- std over seeds (seeds per cell in "
+             "brackets). Cost = bytes sent up and down, summed over the run.",
              "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in methods:
         cells = []
         for s in scenarios:
             r = cell.get((s, m))
-            cells.append("-" if r is None else f"{100 * r.accuracy_mean:.2f} +- {100 * r.accuracy_std:.2f} ({r.seeds})")
+            cells.append("-" if r is None else f"{100 * r.accuracy:.2f} +- {100 * r.accuracy_sd:.2f} ({r.seeds})")
         # One number when every scenario costs the same; a range when, e.g., local heads send less.
         gb = agg.loc[agg["method"] == m, "bytes_total"] / 1e9
         cells.append(f"{gb.min():.4f}" if gb.min() == gb.max() else f"{gb.min():.4f} - {gb.max():.4f}")
         lines.append("| " + " | ".join([m, *cells]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _words(agg: pd.DataFrame, column: str) -> str:
+    return PROTOCOL_WORDS[agg[column].iloc[0]]
 
 
 def write_tables(runs: pd.DataFrame, out_md: str | Path, out_csv: str | Path, title: str = "Results") -> str:

@@ -1,0 +1,166 @@
+"""The round loop and the evaluation protocols, on a constructed case with hand-computed accuracy.
+
+The data: 4 classes, each image a 1x4 one-hot pattern of its class; 10 training images per class
+and an official test part with 1, 2, 3 and 4 images of classes 0..3. Client k trains on class k
+only and its own test split holds the test images of class k. The scored models are set by hand:
+`constant(j)` predicts output j for every input, so every accuracy below is a count over that
+test part.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from fedfactor.config import load_config
+from fedfactor.data.partition import Partition, labels_sha1
+from fedfactor.errors import UsageError
+from fedfactor.fl.simulator import RoundRecord, Scores, Simulator, summarize
+
+TEST_COUNTS = [1, 2, 3, 4]  # official test images of classes 0..3
+
+
+def _data(tmp_path):
+    y_train = np.repeat(np.arange(4), 10)
+    y_test = np.repeat(np.arange(4), TEST_COUNTS)
+    onehot = lambda y: (10.0 * np.eye(4, dtype=np.float32)[y]).reshape(-1, 1, 1, 4)  # noqa: E731
+    path = tmp_path / "onehot.npz"
+    np.savez(path, x=onehot(y_train), y=y_train, x_test=onehot(y_test), y_test=y_test)
+    return path, np.concatenate([y_train, y_test])
+
+
+def _partition(tmp_path, y, label_maps, num_outputs):
+    test = np.arange(40, 50)
+    clients = [{"train": np.flatnonzero(y[:40] == k), "val": np.flatnonzero(y[:40] == k)[:2],
+                "test": test[y[test] == k]} for k in range(4)]
+    for c in clients:  # val is cut from train
+        c["train"] = c["train"][2:]
+    pools = {"val": np.sort(np.concatenate([c["val"] for c in clients])), "test": test}
+    part = Partition(4, num_outputs, clients, np.asarray(label_maps, dtype=np.int64), pools,
+                     {"kind": "hand", "labels_sha1": labels_sha1(y)})
+    path = tmp_path / "part.json"
+    part.save(path, y)
+    return path
+
+
+def _sim(tmp_path, label_maps=None, num_outputs=4, *sets):
+    data, y = _data(tmp_path)
+    label_maps = np.tile(np.arange(4), (4, 1)) if label_maps is None else label_maps
+    part = _partition(tmp_path, y, label_maps, num_outputs)
+    cfg = load_config(None, [f"data.name=npz:{data}", f"partition.file={part}", "fl.clients=4", "model.name=mlp",
+                             "fl.device=cpu", "fl.batch_size=8", "fl.epochs=1", "tracking.enabled=false", *sets])
+    return Simulator(cfg)
+
+
+def constant(sim, j):
+    """A state of the simulator's model that predicts output j for every input."""
+    state = {k: v.clone() for k, v in sim.model.state_dict().items()}
+    state["head.weight"] = torch.zeros_like(state["head.weight"])
+    state["head.bias"] = torch.nn.functional.one_hot(torch.tensor(j), len(state["head.bias"])).float()
+    return state
+
+
+def _trained(sim, states):
+    sim.states = states
+    return sim.evaluate("test")
+
+
+def test_client_pool_scores_each_client_on_its_own_test_split(tmp_path):
+    sim = _sim(tmp_path, None, 4, "eval.test_pool=client", "eval.model=trained")
+    scores = _trained(sim, [constant(sim, k) for k in range(4)])
+    assert scores.count.tolist() == TEST_COUNTS  # client k's own split: the test images of class k
+    assert scores.per_client.tolist() == [1.0, 1.0, 1.0, 1.0]
+
+
+def test_shared_pool_scores_every_client_on_the_pooled_test_split(tmp_path):
+    sim = _sim(tmp_path, None, 4, "eval.test_pool=shared", "eval.model=trained")
+    scores = _trained(sim, [constant(sim, k) for k in range(4)])
+    assert scores.count.tolist() == [10, 10, 10, 10]
+    assert scores.per_client.tolist() == pytest.approx([0.1, 0.2, 0.3, 0.4])  # class k's share of the pool
+    assert scores.mean == pytest.approx(0.25) and scores.weighted == pytest.approx(10 / 40)
+
+
+def test_received_scores_what_the_server_sends_not_what_the_client_trained(tmp_path):
+    for pool, expected in (("shared", [0.4] * 4), ("client", [0, 0, 0, 1])):
+        sim = _sim(tmp_path, None, 4, f"eval.test_pool={pool}", "eval.model=received")
+        assert not sim.head_local  # identity label maps: the head is shared
+        sim.server["global"] = {k: constant(sim, 3)[k] for k in sim.server["global"]}
+        scores = _trained(sim, [constant(sim, k) for k in range(4)])
+        assert scores.per_client.tolist() == pytest.approx(expected)
+
+
+def test_shared_pool_goes_through_each_clients_label_map_and_heads_follow_the_file(tmp_path):
+    perms = [[0, 1, 2, 3], [1, 0, 2, 3], [3, 2, 1, 0], [1, 2, 3, 0]]  # client k: class c -> perms[k][c]
+    sim = _sim(tmp_path, perms, 4, "eval.test_pool=shared", "eval.model=trained")
+    # the config never says permute_labels: the partition file's label maps make heads local
+    assert sim.head_local and not sim.cfg.partition.permute_labels
+    scores = _trained(sim, [constant(sim, 0) for _ in range(4)])
+    # output 0 is class 0, 1, 3 and 3 for the four clients: 1, 2, 4 and 4 of the 10 pooled images
+    assert scores.per_client.tolist() == pytest.approx([0.1, 0.2, 0.4, 0.4])
+    sent = sim.method.upload(0, sim.states[0])
+    assert "head.weight" not in sent and "body.1.weight" in sent
+
+
+def test_shared_pool_of_a_domain_is_its_classes_of_the_pooled_split(tmp_path):
+    domains = [[0, 1, -1, -1], [0, 1, -1, -1], [-1, -1, 0, 1], [-1, -1, 0, 1]]
+    sim = _sim(tmp_path, domains, 2, "eval.test_pool=shared", "eval.model=trained")
+    scores = _trained(sim, [constant(sim, 0) for _ in range(4)])
+    assert scores.count.tolist() == [3, 3, 7, 7]
+    # output 0 is class 0 (1 of 3 images) in the first domain, class 2 (3 of 7) in the second
+    assert scores.per_client.tolist() == pytest.approx([1 / 3, 1 / 3, 3 / 7, 3 / 7])
+    assert sim.ctx.split(2, "val").y.tolist() == [0, 0, 1, 1]  # val follows the same protocol
+
+
+def test_trained_keeps_unsampled_clients_last_model(tmp_path):
+    sim = _sim(tmp_path, None, 4, "eval.model=trained", "fl.fraction=0.5", "fl.lr=0.5")
+    init = [dict(s) for s in sim.states]
+    sim.run_round(1)
+    sampled = set(sim.sample(1))
+    assert len(sampled) == 2
+    for k in range(4):
+        scored = sim.scored_state(k)
+        received = sim.method.receive(k, sim.states[k], sim.method.download(sim.server, k))
+        if k in sampled:  # its own trained model, not the average it would receive
+            assert torch.equal(scored["head.weight"], sim.states[k]["head.weight"])
+            assert not torch.equal(scored["head.weight"], received["head.weight"])
+        else:  # never trained: still the initial model
+            assert all(torch.equal(scored[key], init[k][key]) for key in init[k])
+
+
+def _record(rnd, test_mean, val_mean=None, weighted=None):
+    def scores(mean, w):
+        # two clients of 10 and 30 samples: mean = (a + b) / 2 and weighted = (a + 3 b) / 4
+        b = 2 * w - mean
+        return Scores(np.array([10 * (2 * mean - b), 30 * b]), np.array([10, 30]), 0.0)
+
+    val = scores(val_mean, val_mean) if val_mean is not None else None
+    return RoundRecord(rnd, 0.0, 0, 0, 0, 0, 0.0, scores(test_mean, test_mean if weighted is None else weighted), val)
+
+
+def test_summary_names_last_best_and_best_on_validation():
+    records = [_record(1, 0.5, 0.8, 0.5), _record(2, 0.7, 0.6, 0.55), _record(3, 0.6, 0.9, 0.65)]
+    s = summarize(records, "best_val")
+    assert s["accuracy_mean"] == pytest.approx(0.6)  # last round
+    assert (s["accuracy_best_mean"], s["best_round"]) == (pytest.approx(0.7), 2)
+    assert (s["accuracy_best_weighted"], s["best_weighted_round"]) == (pytest.approx(0.65), 3)
+    assert (s["accuracy_at_best_val"], s["best_val_round"]) == (pytest.approx(0.6), 3)
+    assert (s["accuracy"], s["accuracy_round"]) == (pytest.approx(0.6), 3)
+    assert summarize(records, "best")["accuracy"] == pytest.approx(0.7)
+    assert summarize(records, "best_weighted")["accuracy"] == pytest.approx(0.65)
+    assert summarize(records, "last")["accuracy_round"] == 3
+    no_val = [_record(1, 0.5), _record(2, 0.4)]
+    assert summarize(no_val, "last")["accuracy_at_best_val"] is None
+
+
+def test_best_val_without_validation_data_is_refused(tmp_path, tiny):
+    with pytest.raises(UsageError, match="val"):
+        Simulator(load_config(None, tiny + ["data.split=[0.9, 0.0, 0.1]", "eval.report=best_val"]))
+
+
+def test_run_records_every_round_and_evaluates_every_eval_every(tiny):
+    sim = Simulator(load_config(None, [s for s in tiny if not s.startswith("fl.rounds")]
+                                + ["fl.rounds=3", "fl.eval_every=2"]))
+    records = sim.run()
+    assert [r.round for r in records] == [1, 2, 3]
+    assert [r.test is not None for r in records] == [False, True, True]  # round 3 is the last
+    assert records[1].val is not None and records[1].metrics()["val_accuracy_mean"] >= 0
+    assert "accuracy_mean" not in records[0].metrics() and records[0].metrics()["bytes_up"] > 0

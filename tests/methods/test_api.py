@@ -1,0 +1,107 @@
+"""Two methods written here, against the method API alone, to prove it can carry the coming ones."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import torch
+
+from fedfactor.cli import main
+from fedfactor.config import load_config
+from fedfactor.fl.simulator import Simulator
+from fedfactor.fl.train import Optim, Phase
+from fedfactor.methods import METHODS, Method
+
+
+@METHODS.register("toy_rep", "test only: FedRep-like, head then body, only the body shared")
+class ToyRep(Method):
+    name = "toy_rep"
+    defaults = {"head_epochs": 1}
+
+    def bind(self, ctx):
+        super().bind(ctx)
+        self.rounds_seen = []
+
+    def shared_keys(self):
+        return [k for k in self.ctx.float_keys if k not in self.ctx.head_keys]
+
+    def plan(self, k, state, received):
+        self.rounds_seen.append(self.ctx.round)
+        head = [p for p in self.ctx.param_keys if p in self.ctx.head_keys]
+        body = [p for p in self.ctx.param_keys if p not in self.ctx.head_keys]
+        return [Phase(params=head, epochs=self.hp.head_epochs, optim=Optim("sgd", lr=0.1)),
+                Phase(params=body, steps=2)]
+
+
+@METHODS.register("toy_extra", "test only: keeps a visit counter and a val score per client, sends the counter")
+class ToyExtra(Method):
+    name = "toy_extra"
+
+    def init_client(self, k, init_state):
+        return {**super().init_client(k, init_state), "extra.visits": torch.zeros(()),
+                "extra.val_acc": torch.zeros(())}
+
+    def local_train(self, k, state, received):
+        state, loss = super().local_train(k, state, received)
+        correct, count, _ = self.ctx.evaluate(k, state, "val")  # score the trained state on its val split
+        return {**state, "extra.visits": state["extra.visits"] + 1,
+                "extra.val_acc": torch.tensor(correct / max(count, 1))}, loss
+
+    def upload(self, k, state):
+        return {**super().upload(k, state), "extra.visits": state["extra.visits"]}
+
+    def aggregate(self, server, uploads, weights):
+        visits = {k: u.pop("extra.visits") for k, u in uploads.items()}
+        server = super().aggregate(server, uploads, weights)
+        self.ctx.log("visits_sum", sum(v.item() for v in visits.values()))
+        self.ctx.log("visits", torch.stack([visits.get(k, torch.zeros(())) for k in range(self.ctx.num_clients)]))
+        return server
+
+
+def test_two_phase_method_trains_head_then_body_and_shares_only_the_body(tiny):
+    sim = Simulator(load_config(None, tiny + ["method.name=toy_rep", "method.head_epochs=2"]))
+    assert sim.method.hp.head_epochs == 2
+    head = sim.ctx.head_keys
+    assert head == ["head.weight", "head.bias"]
+    assert "body.0.weight" in sim.ctx.param_keys and not sim.ctx.buffer_keys  # the cnn has no BatchNorm
+    init = {k: v.clone() for k, v in sim.states[0].items()}
+    sim.run_round(1)
+    sim.run_round(2)
+    assert sim.method.rounds_seen == [1] * 4 + [2] * 4
+    assert set(sim.server["global"]) == set(sim.ctx.float_keys) - set(head)
+    # bytes: 4 clients x 2 rounds x (body entries) x 4 bytes, each way
+    body = sum(v.numel() for k, v in init.items() if k not in head)
+    assert sim.meter.up == sim.meter.down == 4 * 2 * body * 4
+    # heads are personal and trained; the body each client received is the server's average
+    assert not torch.equal(sim.states[0]["head.weight"], sim.states[1]["head.weight"])
+    assert not torch.equal(sim.states[0]["head.weight"], init["head.weight"])
+    received = sim.method.receive(0, sim.states[0], sim.method.download(sim.server, 0))
+    assert torch.equal(received["body.0.weight"], sim.server["global"]["body.0.weight"])
+
+
+def test_extra_client_state_is_kept_sent_counted_and_logged(tmp_path, tiny):
+    out = tmp_path / "run"
+    sets = [s for s in tiny if not s.startswith("fl.rounds")] + ["fl.rounds=3", "fl.fraction=0.5",
+                                                                  "method.name=toy_extra"]
+    assert main(["train", *[a for s in sets for a in ("--set", s)], "--out", str(out)]) == 0
+    sim = Simulator(load_config(None, sets))
+    sim.run()
+    picked = [sim.sample(r) for r in (1, 2, 3)]
+    visits = [sum(k in p for p in picked) for k in range(4)]
+    assert [sim.states[k]["extra.visits"].item() for k in range(4)] == visits
+    assert all(0 <= sim.states[k]["extra.val_acc"].item() <= 1 for k in range(4))
+    model_floats = sum(v.numel() for k, v in sim.model.state_dict().items() if v.is_floating_point())
+    # 2 clients a round send the model plus one float32 counter; the server sends the model back
+    assert sim.meter.up == 3 * 2 * (model_floats + 1) * 4
+    assert sim.meter.down == 3 * 2 * model_floats * 4
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["bytes_up"] == sim.meter.up
+    metrics = pd.read_csv(out / "metrics.csv")
+    # each round, the sampled clients send their counters, which count that round's visit too
+    expected = [sum(sum(k in p for p in picked[: r + 1]) for k in picked[r]) for r in range(3)]
+    assert metrics["visits_sum"].tolist() == expected
+    arrays = sorted((out / "diagnostics" / "visits").glob("round_*.npy"))
+    assert [a.name for a in arrays] == ["round_0001.npy", "round_0002.npy", "round_0003.npy"]
+    first = np.load(arrays[0])
+    assert first.shape == (4,) and first.sum() == 2 and set(np.flatnonzero(first)) == set(picked[0])
