@@ -1,10 +1,14 @@
+import contextlib
+import io
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fedfactor.cli import main
-from fedfactor.models import build_model
 
 SUMMARY_KEYS = {"method", "dataset", "scenario", "seed", "rounds", "clients", "accuracy_mean", "accuracy_std",
                 "accuracy_weighted", "accuracy_best_mean", "per_client_accuracy", "bytes_up", "bytes_down",
@@ -55,20 +59,39 @@ def test_same_seed_gives_identical_metrics(tmp_path, tiny):
     assert not other.equals(frames[0])
 
 
-def _resnet9_float_state(num_classes=10, head=True):
-    model = build_model("resnet9", 3, 32, 32, num_classes)
-    return sum(v.numel() for k, v in model.state_dict().items()
-               if v.is_floating_point() and (head or not k.startswith("head.")))
-
-
-@pytest.mark.parametrize("extra, head", [([], True), (["partition.permute_labels=true"], False)])
-def test_cost_fedavg_resnet9_is_exact(capsys, extra, head):
-    sets = ["data.name=cifar10", "model.name=resnet9", "fl.clients=20", "fl.rounds=50", *extra]
+@pytest.mark.parametrize("extra, floats", [
+    ([], 64 * 200 + 200 + 200 * 10 + 10),  # mlp on 8x8 digits: Linear(64, 200) + head Linear(200, 10)
+    (["partition.permute_labels=true"], 64 * 200 + 200),  # permuted labels: the head stays home
+])
+def test_cost_of_a_tiny_model_is_hand_counted(capsys, extra, floats):
+    sets = ["model.name=mlp", "fl.clients=4", "fl.rounds=3", *extra]
     assert main(["cost", *_sets(sets), "--json"]) == 0
     cost = json.loads(capsys.readouterr().out)
-    sent = _resnet9_float_state(head=head)
-    assert cost["bytes_up"] == cost["bytes_down"] == 20 * 50 * 4 * sent
-    assert cost["bytes_total"] == 2 * 20 * 50 * 4 * sent
+    assert cost["bytes_up"] == cost["bytes_down"] == 4 * 3 * floats * 4  # clients x rounds x floats x 4 B
+
+
+def test_cost_fedavg_resnet9_matches_the_supplement_weight_count(capsys):
+    sets = ["data.name=cifar10", "model.name=resnet9", "fl.clients=20", "fl.rounds=50"]
+    assert main(["cost", *_sets(sets), "--json"]) == 0
+    cost = json.loads(capsys.readouterr().out)
+    # 2,568,384 conv + FC weights (supplement Table 4), the FC bias (10), and 4 BatchNorm entries
+    # (weight, bias, running mean and variance) per channel of 64 + 3 x 128 + 4 x 256 channels
+    floats = 2_568_384 + 10 + 4 * (64 + 3 * 128 + 4 * 256)
+    assert floats == 2_574_282
+    assert cost["bytes_up"] == cost["bytes_down"] == 20 * 50 * 4 * floats
+
+
+def test_cost_reads_heads_from_a_partition_file(tmp_path, tiny, capsys):
+    part = tmp_path / "perm.json"
+    assert main(["partition", *_sets(tiny + ["partition.permute_labels=true"]), "--out", str(part)]) == 0
+    capsys.readouterr()
+    assert main(["cost", *_sets(tiny + ["partition.permute_labels=true"]), "--json"]) == 0
+    permuted = json.loads(capsys.readouterr().out)
+    assert main(["cost", *_sets(tiny + [f"partition.file={part}"]), "--json"]) == 0
+    from_file = json.loads(capsys.readouterr().out)
+    assert main(["cost", *_sets(tiny), "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert from_file["bytes_total"] == permuted["bytes_total"] < plain["bytes_total"]
 
 
 def test_cost_local_is_zero_and_sampling_scales(capsys):
@@ -93,6 +116,12 @@ def test_cost_local_is_zero_and_sampling_scales(capsys):
         (["partition.kind=class_groups", "partition.groups=[[0, 1], [2, 42]]", "partition.clients_per_group=2"],
          ["42"]),
         (["method.name=fedprox", "method.lr=3"], ["mu"]),
+        (["method.name=fedprox", "method.mu=abc"], ["method.mu"]),
+        (["fl.lr=-1e-3"], ["fl.lr"]),
+        (["fl.epochs=true"], ["fl.epochs"]),
+        (["data.split=[0.5, 0.6, 0.1]"], ["data.split"]),
+        (["eval.test_pool=everyone"], ["client", "shared"]),
+        (["eval.report=best_val", "data.split=[0.9, 0.0, 0.1]"], ["val"]),
         (["data.augment=rotate"], ["crop_flip"]),
         (["fl.device=tpu"], ["cpu"]),
     ],
@@ -152,3 +181,87 @@ def test_killed_run_leaves_no_summary(tmp_path, tiny):
         proc.wait()
     assert not (out / "summary.json").exists()
     pd.read_csv(out / "metrics.csv")  # whatever was written is a whole file
+
+
+def test_typed_values_that_once_crashed_now_run(tmp_path, tiny):
+    # YAML reads 1e-3 as a string; the typed config makes it a float before anything runs
+    out = tmp_path / "run"
+    sets = tiny + ["fl.lr=1e-3", "method.name=fedprox", "method.mu=1e-3"]
+    assert main(["train", *_sets(sets), "--out", str(out)]) == 0
+    cfg = json.loads((out / "summary.json").read_text())["config"]
+    assert cfg["fl"]["lr"] == 0.001 and cfg["method"] == {"name": "fedprox", "mu": 0.001}
+
+
+def test_dirichlet_fixed_feddecomp_setting_partitions_cifar100_shaped_data(tmp_path, capsys):
+    # CIFAR-100's shape of labels (500 train and 100 test images per class) with 1x1 images: the
+    # paper's alpha = 0.1, 40 clients x 500 train / 100 test, test drawn from the official test part
+    rng = np.random.default_rng(0)
+    y, y_test = np.repeat(np.arange(100), 500), np.repeat(np.arange(100), 100)
+    data = tmp_path / "c100.npz"
+    np.savez(data, x=rng.random((len(y), 1, 1, 1), dtype=np.float32), y=y,
+             x_test=rng.random((len(y_test), 1, 1, 1), dtype=np.float32), y_test=y_test)
+    out = tmp_path / "part.json"
+    sets = [f"data.name=npz:{data}", "data.split_mode=official", "data.split=[0.9, 0.1, 0.0]", "fl.clients=40",
+            "partition.kind=dirichlet_fixed", "partition.alpha=0.1"]
+    assert main(["partition", *_sets(sets), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [(len(c["train"]), len(c["test"])) for c in doc["clients"]] == [(500, 100)] * 40
+    assert all(min(c["test"]) >= len(y) for c in doc["clients"])  # from the official test part
+    train_sets = [set(c["train"]) for c in doc["clients"]]
+    assert any(a & b for i, a in enumerate(train_sets) for b in train_sets[i + 1:])  # overlap allowed
+
+
+# Each strategy draws a value the typed config must refuse for that key.
+_text = st.text("abcdefghijklmnopqrstuvwxyz", min_size=1, max_size=6).map(lambda s: "x" + s)
+_BAD_VALUES = {
+    "fl.rounds": st.one_of(st.integers(max_value=0), _text, st.just(1.5), st.just(True)),
+    "fl.clients": st.one_of(st.integers(max_value=0), _text, st.just("null")),
+    "fl.batch_size": st.one_of(st.integers(max_value=0), _text),
+    "fl.epochs": st.one_of(st.integers(max_value=0), st.just("false")),
+    "fl.fraction": st.one_of(st.floats(max_value=0), st.floats(min_value=1.0001, max_value=1e9), _text,
+                             st.just(".nan"), st.just(".inf")),
+    "fl.lr": st.one_of(st.floats(max_value=0), _text, st.just(".inf")),
+    "fl.momentum": st.one_of(st.floats(min_value=1, max_value=1e6), st.floats(max_value=-1e-9)),
+    "fl.eval_every": st.integers(max_value=0),
+    "fl.optimizer": _text,
+    "fl.head": _text,
+    "data.split": st.one_of(
+        st.lists(st.floats(0, 1), min_size=3, max_size=3).filter(lambda v: abs(sum(v) - 1) > 1e-3),
+        st.lists(st.floats(0, 1), min_size=0, max_size=2), _text),
+    "data.split_mode": _text,
+    "partition.alpha": st.one_of(st.floats(max_value=0), _text, st.just(".nan")),
+    "partition.classes_per_client": st.integers(max_value=0),
+    "partition.min_train_samples": st.integers(max_value=0),
+    "partition.permutation_seed": st.integers(max_value=-1),
+    "partition.kind": _text,
+    "partition.groups": st.one_of(st.integers(), st.just("[[0, 1.5]]")),
+    "eval.test_pool": _text,
+    "eval.model": _text,
+    "eval.report": _text,
+    "seed": st.one_of(st.integers(max_value=-1), _text),
+    "method.mu": st.one_of(st.floats(max_value=-1e-9), _text),
+    "method.name": _text,
+}
+_UNKNOWN = st.tuples(st.sampled_from(["fl", "data", "partition", "eval", "method", "model"]),
+                     _text).map(lambda t: f"{t[0]}.{t[1]}")
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(command=st.sampled_from(["train", "cost", "partition"]),
+       item=st.one_of(st.sampled_from(sorted(_BAD_VALUES)).flatmap(
+           lambda key: _BAD_VALUES[key].map(lambda v: (key, v))), _UNKNOWN.map(lambda k: (k, 1))))
+def test_invalid_settings_are_one_line_exit_2_and_nothing_written(tmp_path_factory, command, item):
+    key, value = item
+    text = value if isinstance(value, str) else json.dumps(value)
+    base = ["data.name=digits", "fl.clients=4", "fl.rounds=1", "tracking.enabled=false", "fl.device=cpu"]
+    sets = base + (["method.name=fedprox"] if key == "method.mu" else []) + [f"{key}={text}"]
+    out = tmp_path_factory.mktemp("bad") / "out"
+    argv = [command, *_sets(sets)] + (["--out", str(out)] if command != "cost" else ["--json"])
+    err, std = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
+        code = main(argv)
+    message = err.getvalue()
+    assert code == 2, (argv, message)
+    assert message.startswith("fedfactor: error:") and message.count("\n") == 1, message
+    assert "Traceback" not in message and std.getvalue() == ""
+    assert not out.exists()

@@ -23,6 +23,15 @@ def test_file_then_overrides(tmp_path):
         (["fl.fraction=1.5"], "fl.fraction"),
         (["fl.head=maybe"], "fl.head"),
         (["nonsense"], "dotted.key=value"),
+        (["fl.epochs=true"], "fl.epochs"),
+        (["fl.lr=0"], "fl.lr"),
+        (["fl.momentum=1"], "fl.momentum"),
+        (["data.split=[0.8, 0.1]"], "data.split"),
+        (["partition.alpha=.nan"], "partition.alpha"),
+        (["partition.samples_per_client.train=0"], "partition.samples_per_client.train"),
+        (["eval.report=median"], "eval.report"),
+        (["method.name=fedprox", "method.mu=-0.5"], "method.mu"),
+        (["method.name=fedprox", "method.nu=0.5"], "nu"),
     ],
 )
 def test_bad_settings_are_usage_errors(overrides, words):
@@ -35,3 +44,22 @@ def test_bad_settings_are_usage_errors(overrides, words):
 def test_missing_file_is_usage_error(tmp_path):
     with pytest.raises(UsageError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_values_are_coerced_to_their_declared_types():
+    cfg = load_config(None, ["fl.lr=1e-3", "fl.rounds=7.0", "method.name=fedprox", "method.mu=1", "seed=3",
+                             "tracking.experiment_id=12"])
+    assert cfg.fl.lr == 0.001 and isinstance(cfg.fl.lr, float)
+    assert cfg.fl.rounds == 7 and isinstance(cfg.fl.rounds, int)
+    assert cfg.method["mu"] == 1.0 and isinstance(cfg.method["mu"], float)  # typed from its default 0.01
+    assert cfg.tracking.experiment_id == "12"
+
+
+def test_partial_nested_sections_keep_their_defaults():
+    cfg = load_config(None, ["partition.samples_per_client.train=300"])
+    assert cfg.partition.spec()["samples_per_client"] == {"train": 300, "val": 0, "test": 100}
+
+
+def test_a_folder_is_not_a_config_file(tmp_path):
+    with pytest.raises(UsageError, match="folder"):
+        load_config(tmp_path)

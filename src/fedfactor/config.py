@@ -13,12 +13,24 @@ open"); where they disagree (the evaluation protocol) each paper's run config sa
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler,
+                      field_validator)
 
 from .errors import UsageError
+
+
+def _not_bool(v: Any) -> Any:
+    # pydantic would read `true` as 1: `--set fl.epochs=true` must be an error, not one epoch
+    if isinstance(v, bool):
+        raise ValueError("must be a number, not true/false")
+    return v
+
+
+Int = Annotated[int, BeforeValidator(_not_bool)]
+Float = Annotated[float, BeforeValidator(_not_bool)]
 
 
 class Section(BaseModel):
@@ -32,7 +44,7 @@ class DataConfig(Section):
     root: str = "data"
     # Factorized-FL's official code pools train+test and cuts 80/10/10 ("pooled");
     # "official" keeps the dataset's own test set as the test pool.
-    split: list[float] = Field(default_factory=lambda: [0.8, 0.1, 0.1])
+    split: list[Float] = Field(default_factory=lambda: [0.8, 0.1, 0.1])
     split_mode: Literal["pooled", "official"] = "pooled"
     augment: str = "auto"  # "auto" = the dataset's default (crop/flip where it makes sense)
     download: bool = False
@@ -48,25 +60,34 @@ class DataConfig(Section):
 class SamplesPerClient(Section):
     """dirichlet_fixed (FedDecomp): samples each client draws per split."""
 
-    train: int = Field(500, ge=1)
-    val: int = Field(0, ge=0)
-    test: int = Field(100, ge=0)
+    train: Int = Field(500, ge=1)
+    val: Int = Field(0, ge=0)
+    test: Int = Field(100, ge=0)
 
 
 class PartitionConfig(Section):
     kind: str = "iid"
-    alpha: float = Field(0.5, gt=0)
-    classes_per_client: int = Field(2, ge=1)
-    groups: str | list[list[int]] | None = None  # a preset name or a list of class lists
-    clients_per_group: int | None = Field(None, ge=1)
+    alpha: Float = Field(0.5, gt=0)
+    classes_per_client: Int = Field(2, ge=1)
+    groups: str | list[list[Int]] | None = None  # a preset name or a list of class lists
+    clients_per_group: Int | None = Field(None, ge=1)
     samples_per_client: SamplesPerClient = Field(default_factory=SamplesPerClient)
     # dirichlet_fixed: True draws each client's samples independently (clients may share samples),
     # as FedDecomp's official code does; False makes clients disjoint.
     overlap: bool = True
-    min_train_samples: int = Field(1, ge=1)
+    min_train_samples: Int = Field(1, ge=1)
     permute_labels: bool = False
-    permutation_seed: int = Field(1234, ge=0)
+    permutation_seed: Int = Field(1234, ge=0)
     file: str | None = None  # a partition saved by `fedfactor partition`; overrides the fields above
+
+    @field_validator("groups", mode="wrap")
+    @classmethod
+    def _groups_hint(cls, v: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # pydantic's own error would name just one branch of the union
+        try:
+            return handler(v)
+        except ValidationError:
+            raise ValueError("must be a preset name or a non-empty list of non-empty lists of classes") from None
 
     def spec(self) -> dict:
         return self.model_dump(exclude={"file"})
@@ -77,16 +98,16 @@ class ModelConfig(Section):
 
 
 class FLConfig(Section):
-    clients: int = Field(20, ge=1)
-    rounds: int = Field(50, ge=1)
-    fraction: float = Field(1.0, gt=0, le=1)  # share of clients sampled per round
-    epochs: int = Field(5, ge=1)
-    batch_size: int = Field(64, ge=1)
+    clients: Int = Field(20, ge=1)
+    rounds: Int = Field(50, ge=1)
+    fraction: Float = Field(1.0, gt=0, le=1)  # share of clients sampled per round
+    epochs: Int = Field(5, ge=1)
+    batch_size: Int = Field(64, ge=1)
     optimizer: Literal["sgd", "adam"] = "sgd"  # a method's training phases may name another
-    lr: float = Field(0.01, gt=0)
-    momentum: float = Field(0.9, ge=0, lt=1)  # SGD only
-    weight_decay: float = Field(0.0, ge=0)
-    eval_every: int = Field(1, ge=1)
+    lr: Float = Field(0.01, gt=0)
+    momentum: Float = Field(0.9, ge=0, lt=1)  # SGD only
+    weight_decay: Float = Field(0.0, ge=0)
+    eval_every: Int = Field(1, ge=1)
     # "auto": the head stays local whenever two clients map classes to outputs differently
     # (permuted labels, class groups); "local"/"shared" force it.
     head: Literal["auto", "local", "shared"] = "auto"
@@ -122,7 +143,7 @@ class TrackingConfig(Section):
 
 
 class Config(Section):
-    seed: int = Field(0, ge=0)
+    seed: Int = Field(0, ge=0)
     scenario: str = "custom"  # a label for tables and MLflow; does not change behaviour
     # {"name": ..., hyperparameters...}; typed against the method's defaults in load_config
     method: dict[str, Any] = Field(default_factory=lambda: {"name": "fedavg"})
@@ -160,7 +181,8 @@ def validation_message(err: ValidationError, prefix: str = "") -> str:
         return f"unknown config key {key!r}"
     got = e.get("input")
     shown = repr(got) if not isinstance(got, dict) else "a mapping"
-    return f"{key or 'config'}: {e['msg'][0].lower()}{e['msg'][1:]} (got {shown})".replace("\n", " ")
+    msg = e["msg"].removeprefix("Value error, ")
+    return f"{key or 'config'}: {msg[0].lower()}{msg[1:]} (got {shown})".replace("\n", " ")
 
 
 def _valid_keys(model: type[BaseModel], dotted: str) -> str:

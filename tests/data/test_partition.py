@@ -604,8 +604,8 @@ BAD_SPECS = [  # (spec, num_clients, what the message must say)
     (fixed(training=5), 5, "unknown config key 'partition.samples_per_client.training'"),
     ({"kind": "iid", "permute_labels": "maybe"}, 5, "permute_labels: input should be a valid bool"),
     ({"kind": "iid", "min_train_samples": 0}, 5, "min_train_samples: input should be greater"),
-    (groups([[0, 1.5]]), 2, r"partition.groups must be a preset name .* \(got \[\[0, 1.5\]\]\)"),
-    (groups(5), 2, "partition.groups must be a preset name"),
+    (groups([[0, 1.5]]), 2, r"partition.groups: must be a preset name .* \(got \[\[0, 1.5\]\]\)"),
+    (groups(5), 2, "partition.groups: must be a preset name"),
     ({"kind": "iid", "file": "p.json"}, 5, "partition.file names a saved partition"),
     ("iid", 5, "must be a mapping"),
 ]

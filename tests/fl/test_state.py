@@ -39,3 +39,15 @@ def test_meter_counts_elements_times_element_size():
     assert meter.down == 16
     assert meter.history == [(58, 16), (4, 0)]
     assert nbytes({"x": torch.empty(7, 3, device="meta")}) == 84
+
+
+def test_sparse_tensors_count_values_plus_indices():
+    dense = torch.zeros(3, 4)
+    dense[0, 1], dense[2, 3] = 1.0, 2.0
+    coo = dense.to_sparse()
+    # 2 float32 values + a 2 x 2 int64 index array
+    assert nbytes({"m": coo}) == 2 * 4 + 2 * 2 * 8
+    csr = dense.to_sparse_csr()
+    # 2 values + 4 int64 row pointers + 2 int64 column indices
+    assert nbytes({"m": csr}) == 2 * 4 + 4 * 8 + 2 * 8
+    assert nbytes({"m": dense}) == 12 * 4

@@ -105,3 +105,41 @@ def test_extra_client_state_is_kept_sent_counted_and_logged(tmp_path, tiny):
     assert [a.name for a in arrays] == ["round_0001.npy", "round_0002.npy", "round_0003.npy"]
     first = np.load(arrays[0])
     assert first.shape == (4,) and first.sum() == 2 and set(np.flatnonzero(first)) == set(picked[0])
+
+
+@METHODS.register("toy_sparse", "test only: FedAvg that uploads its head weight as a sparse tensor")
+class ToySparse(Method):
+    name = "toy_sparse"
+
+    def upload(self, k, state):
+        sent = super().upload(k, state)
+        return {**sent, "head.weight": (state["head.weight"] * (state["head.weight"].abs() > 0.05)).to_sparse()}
+
+    def aggregate(self, server, uploads, weights):
+        return super().aggregate(server, {k: {n: t.to_dense() for n, t in u.items()} for k, u in uploads.items()},
+                                 weights)
+
+
+class ToySparseDeclared(ToySparse):
+    name = "toy_sparse_declared"
+    payload_depends_on_values = True
+
+
+METHODS.register("toy_sparse_declared", "test only: toy_sparse that says its payload depends on values")(
+    ToySparseDeclared)
+
+
+def test_sparse_uploads_are_counted_as_sent_and_cost_refuses_them(tiny, capsys):
+    sim = Simulator(load_config(None, tiny + ["method.name=toy_sparse"]))
+    sim.run_round(1)
+    dense = {k: v for k, v in sim.model.state_dict().items() if v.is_floating_point()}
+    nnz = [int((sim.states[k]["head.weight"].abs() > 0.05).sum()) for k in range(4)]
+    others = sum(v.numel() for k, v in dense.items() if k != "head.weight")
+    # each client: the dense entries, then its head's non-zeros as float32 values + 2 int64 indices
+    assert sim.meter.up == sum(4 * others + 4 * n + 2 * 8 * n for n in nnz)
+    assert 0 < sum(nnz) < 4 * dense["head.weight"].numel()
+    sets = [a for s in tiny for a in ("--set", s)]
+    for name in ("toy_sparse", "toy_sparse_declared"):
+        assert main(["cost", *sets, "--set", f"method.name={name}"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "fedfactor train" in err and name in err

@@ -509,11 +509,6 @@ def _resolve_spec(spec: Any) -> dict[str, Any]:
     try:
         resolved = PartitionConfig.model_validate(spec).model_dump(exclude={"file"})
     except ValidationError as err:
-        # groups is a union, and pydantic's first error would name only one of its types
-        if err.errors()[0]["loc"][:1] == ("groups",):
-            raise UsageError(
-                f"partition.groups must be {_GROUPS_HINT} (got {spec['groups']!r})"
-            ) from None
         raise UsageError(validation_message(err, prefix="partition.")) from None
     if spec.get("file") is not None:
         raise UsageError(

@@ -32,7 +32,7 @@ import torch
 from pydantic import ConfigDict, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
-from ..config import validation_message
+from ..config import Float, Int, validation_message
 from ..errors import UsageError
 from ..fl.state import State, clone, select, weighted_average
 from ..fl.train import Batch, Optim, Phase, Split
@@ -90,7 +90,8 @@ class Method:
         fields = {}
         for key, default in cls.defaults.items():
             value = default.default if isinstance(default, FieldInfo) else default
-            fields[key] = (Any if value is None else type(value), default)
+            kind = Any if value is None else {int: Int, float: Float}.get(type(value), type(value))
+            fields[key] = (kind, default)
         model = create_model(f"{cls.__name__}Params", __config__=ConfigDict(extra="forbid", allow_inf_nan=False),
                              **fields)
         try:
