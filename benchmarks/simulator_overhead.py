@@ -26,13 +26,14 @@ DEFAULTS = ["data.name=digits", "model.name=cnn", "fl.clients=20", "fl.epochs=1"
 
 def plain_epoch(sim: Simulator, gen: torch.Generator) -> None:
     model = sim.model
-    opt = torch.optim.SGD(model.parameters(), lr=sim.sgd.lr, momentum=sim.sgd.momentum)
+    tr = sim.trainer
+    opt = torch.optim.SGD(model.parameters(), lr=tr.optim.lr, momentum=tr.optim.momentum)
     model.train()
     for client in sim.clients:
         split = client["train"]
         order = torch.randperm(len(split), generator=gen, device=sim.x.device)
-        for start in range(0, len(split), sim.sgd.batch_size):
-            b = order[start : start + sim.sgd.batch_size]
+        for start in range(0, len(split), tr.batch_size):
+            b = order[start : start + tr.batch_size]
             loss = F.cross_entropy(model(augment_batch(sim.x[split.idx[b]], sim.augment, gen)), split.y[b])
             opt.zero_grad(set_to_none=True)
             loss.backward()

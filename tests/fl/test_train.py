@@ -62,6 +62,7 @@ def test_fit_trains_only_the_named_parameters_and_restores_requires_grad():
     assert torch.equal(new["body.weight"], state["body.weight"]) and torch.equal(new["body.bias"], state["body.bias"])
     assert not torch.equal(new["head.weight"], state["head.weight"])
     assert all(p.requires_grad for p in trainer.model.parameters())
+    assert trainer.model.body.weight.grad is None  # no gradient was computed for what did not train
 
 
 def test_phases_run_in_sequence_on_one_random_stream():

@@ -143,3 +143,28 @@ def test_sparse_uploads_are_counted_as_sent_and_cost_refuses_them(tiny, capsys):
         assert main(["cost", *sets, "--set", f"method.name={name}"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "fedfactor train" in err and name in err
+
+
+@METHODS.register("toy_lowrank_head", "test only: replaces the classifier by a rank-2 product before the run")
+class ToyLowRankHead(Method):
+    name = "toy_lowrank_head"
+
+    def prepare_model(self, model):
+        old = model.head
+        model.head = torch.nn.Sequential(torch.nn.Linear(old.in_features, 2, bias=False),
+                                         torch.nn.Linear(2, old.out_features))
+        return model
+
+
+def test_a_swapped_layer_is_trained_sent_and_costed_on_the_meta_device(tiny, capsys):
+    sets = ["model.name=mlp", "fl.clients=4", "fl.rounds=3", "method.name=toy_lowrank_head"]
+    assert main(["cost", *[a for s in sets for a in ("--set", s)], "--json"]) == 0
+    cost = json.loads(capsys.readouterr().out)
+    # mlp body Linear(64, 200) + the rank-2 head: Linear(200, 2, no bias) and Linear(2, 10)
+    floats = 64 * 200 + 200 + 200 * 2 + 2 * 10 + 10
+    assert cost["bytes_up"] == 4 * 3 * floats * 4
+    sim = Simulator(load_config(None, tiny + sets[:1] + ["method.name=toy_lowrank_head"]))
+    assert sim.ctx.head_keys == ["head.0.weight", "head.1.weight", "head.1.bias"]
+    before = sim.states[0]["head.0.weight"].clone()
+    sim.run_round(1)
+    assert not torch.equal(sim.server["global"]["head.0.weight"], before)

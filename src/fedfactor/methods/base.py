@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 import torch
 from pydantic import ConfigDict, ValidationError, create_model
@@ -66,10 +66,6 @@ class Context:
 
     def __post_init__(self) -> None:
         self.float_keys = [*self.param_keys, *self.buffer_keys]
-
-    def parameters(self, keys: Iterable[str] | None = None) -> list[torch.nn.Parameter]:
-        named = dict(self.model.named_parameters())
-        return list(named.values()) if keys is None else [named[k] for k in keys if k in named]
 
 
 class Method:
