@@ -21,7 +21,7 @@ from tqdm import tqdm
 from ..config import Config
 from ..data import Partition, dataset_info, load_dataset, make_partition, make_splits
 from ..data.augment import AUGMENT_KINDS
-from ..data.partition import task_label_maps
+from ..data.partition import SPLITS, task_label_maps
 from ..devices import resolve_device
 from ..errors import UsageError
 from ..methods import METHODS, Context
@@ -30,7 +30,6 @@ from .comm import CommMeter
 from .state import State, clone
 from .train import Optim, Phase, Split, Trainer
 
-SPLITS = ("train", "val", "test")
 
 
 def derive_seed(*parts: int) -> int:
