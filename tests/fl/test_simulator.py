@@ -61,7 +61,7 @@ def constant(sim, j):
 
 def _trained(sim, states):
     sim.states = states
-    return sim.evaluate("test")
+    return sim.evaluate()["test"]
 
 
 def test_client_pool_scores_each_client_on_its_own_test_split(tmp_path):
@@ -164,3 +164,13 @@ def test_run_records_every_round_and_evaluates_every_eval_every(tiny):
     assert [r.test is not None for r in records] == [False, True, True]  # round 3 is the last
     assert records[1].val is not None and records[1].metrics()["val_accuracy_mean"] >= 0
     assert "accuracy_mean" not in records[0].metrics() and records[0].metrics()["bytes_up"] > 0
+
+
+def test_each_client_is_scored_from_one_download_for_all_splits(tiny):
+    sim = Simulator(load_config(None, tiny + ["eval.model=received"]))
+    calls = []
+    download = sim.method.download
+    sim.method.download = lambda server, k: calls.append(k) or download(server, k)
+    scores = sim.evaluate(("test", "val"))
+    assert sorted(calls) == [0, 1, 2, 3]  # not once per split
+    assert set(scores) == {"test", "val"} and scores["val"].count.sum() > 0

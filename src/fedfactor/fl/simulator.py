@@ -284,15 +284,22 @@ class Simulator:
             state = self.method.receive(k, self.states[k], self.method.download(self.server, k))
         return self.method.evaluation_state(k, state)
 
-    def evaluate(self, split: str = "test") -> Scores:
-        """Every client's scored model on its `split` as the protocol defines it."""
-        correct, count, loss = [], [], 0.0
+    def evaluate(self, splits: tuple[str, ...] = ("test",)) -> dict[str, Scores]:
+        """Every client's scored model on each of `splits` as the protocol defines them.
+
+        The scored state is built once per client and used for every split: a personalised
+        download (similarity mixing) is not recomputed per split.
+        """
+        results = {s: ([], []) for s in splits}
+        loss = dict.fromkeys(splits, 0.0)
         for k in range(self.cfg.fl.clients):
-            c, n, l = self.trainer.evaluate(self.scored_state(k), self.clients[k][split])
-            correct.append(c)
-            count.append(n)
-            loss += l
-        return Scores(np.array(correct), np.array(count), loss)
+            state = self.scored_state(k)
+            for s in splits:
+                c, n, l = self.trainer.evaluate(state, self.clients[k][s])
+                results[s][0].append(c)
+                results[s][1].append(n)
+                loss[s] += l
+        return {s: Scores(np.array(c), np.array(n), loss[s]) for s, (c, n) in results.items()}
 
     def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> list[RoundRecord]:
         R = self.cfg.fl.rounds
@@ -312,9 +319,10 @@ class Simulator:
                    disable=not sys.stderr.isatty(), leave=False)
         for rnd in bar:
             train_loss = self.run_round(rnd)
-            scored = rnd % self.cfg.fl.eval_every == 0 or rnd == R
-            test = self.evaluate("test") if scored else None
-            val = self.evaluate("val") if scored and has_val else None
+            scored = {}
+            if rnd % self.cfg.fl.eval_every == 0 or rnd == R:
+                scored = self.evaluate(("test", "val") if has_val else ("test",))
+            test, val = scored.get("test"), scored.get("val")
             up, down = self.meter.history[-1]
             rec = RoundRecord(rnd, train_loss, self.meter.up, self.meter.down, up, down,
                               time.perf_counter() - start, test, val, dict(self._scalars), dict(self._arrays))
