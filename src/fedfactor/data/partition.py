@@ -589,7 +589,11 @@ def task_label_maps(spec: dict, num_classes: int, num_clients: int) -> tuple[np.
     `client_permutation` to its labels.
     """
     _check_counts(num_classes, num_clients)
-    spec = _resolve_spec(spec)
+    return _label_maps(_resolve_spec(spec), num_classes, num_clients)
+
+
+def _label_maps(spec: dict, num_classes: int, num_clients: int) -> tuple[np.ndarray, int]:
+    """task_label_maps of a spec `_resolve_spec` has already checked."""
     if spec["kind"] == "class_groups":
         groups, _, per_group, _ = _resolve_groups(spec, num_classes, num_clients)
         num_outputs = max(map(len, groups))
@@ -616,7 +620,7 @@ def make_partition(
     """Partition (y, splits) over num_clients clients as `spec` says; deterministic in `seed`."""
     y, splits = _check_inputs(y, splits, num_classes, num_clients, seed)
     resolved = _resolve_spec(spec)
-    label_maps, num_outputs = task_label_maps(resolved, num_classes, num_clients)
+    label_maps, num_outputs = _label_maps(resolved, num_classes, num_clients)
     task = _Task(y, splits, int(num_classes), int(num_clients), resolved, int(seed))
     layout = PARTITIONS.get(resolved["kind"])(task)
 
