@@ -1,42 +1,218 @@
-"""MLflow store under parallel writers: nothing lost."""
+"""The MLflow mirror: parallel writers on a fresh store, one run per run directory, a store that
+cannot be reached, and `mlflow-import` of the files later."""
 
+import json
+import logging
 import multiprocessing as mp
+import sqlite3
+import time
 
+import pytest
+import yaml
+
+from fedfactor import tracking
 from fedfactor.config import TrackingConfig
-from fedfactor.tracking import Tracker, init_store
+from fedfactor.errors import UsageError
+from fedfactor.tracking import Tracker, import_runs, init_store
 
-STEPS = 15
+STEPS = 10
 
 
-def _one_run(uri: str, exp_id: str, i: int) -> None:
-    cfg = TrackingConfig(uri=uri, experiment_id=exp_id)
-    tracker = Tracker(cfg, {"index": i, "nested.key": "x" * 10}, {"worker": str(i)}, f"run{i}")
+def _client(uri):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def _runs(uri, experiment):
+    from mlflow.entities import ViewType
+
+    client = _client(uri)
+    exp = client.get_experiment_by_name(experiment)
+    return [] if exp is None else client.search_runs([exp.experiment_id], run_view_type=ViewType.ALL, max_results=100)
+
+
+def _steps(uri, run_id, key="bytes_up"):
+    return sorted(m.step for m in _client(uri).get_metric_history(run_id, key))
+
+
+def _one_run(uri: str, run_dir: str, i: int) -> None:
+    cfg = TrackingConfig(uri=uri, experiment="parallel")
+    tracker = Tracker(cfg, run_dir, {"index": i, "nested.key": "x" * 10}, {"worker": str(i)}, f"run{i}")
+    assert tracker.active
     for step in range(1, STEPS + 1):
         tracker.log_metrics({"accuracy_mean": i + step / 100, "bytes_up": step * 10}, step=step)
     tracker.finish({"accuracy_mean": i + STEPS / 100}, [])
 
 
-def test_parallel_runs_all_present_with_every_step(tmp_path):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    exp_id = init_store(uri, "parallel")
-    assert init_store(uri, "parallel") == exp_id  # idempotent: the workflow may run it again
-    n = 6
+def test_parallel_runs_on_a_fresh_store_all_present_with_every_step(tmp_path):
+    # No init_store: the processes race to create the store and the experiment themselves.
+    uri = f"sqlite:///{tmp_path}/store/mlflow.db"
+    n = 4
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_one_run, args=(uri, exp_id, i)) for i in range(n)]
+    procs = [ctx.Process(target=_one_run, args=(uri, str(tmp_path / f"run{i}"), i)) for i in range(n)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(120)
     assert [p.exitcode for p in procs] == [0] * n
 
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
-    runs = client.search_runs([exp_id], max_results=100)
+    exp_id = init_store(uri, "parallel")
+    assert init_store(uri, "parallel") == exp_id  # idempotent: the workflow may run it again
+    runs = _runs(uri, "parallel")
     assert sorted(r.data.params["index"] for r in runs) == [str(i) for i in range(n)]
+    assert not _client(uri).search_runs(["0"])  # nothing filed under "Default"
     for r in runs:
         assert r.info.status == "FINISHED"
         i = int(r.data.params["index"])
-        history = client.get_metric_history(r.info.run_id, "accuracy_mean")
-        assert sorted(m.step for m in history) == list(range(1, STEPS + 1))
+        assert _steps(uri, r.info.run_id, "accuracy_mean") == list(range(1, STEPS + 1))
         assert r.data.metrics["final_accuracy_mean"] == i + STEPS / 100
+        state = json.loads((tmp_path / f"run{i}" / "mlflow.json").read_text())
+        assert r.data.tags["fedfactor.run_key"] == state["run_key"]
+        assert state["run_ids"] == {uri: r.info.run_id}
+
+
+def test_one_run_directory_is_one_mlflow_run(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = TrackingConfig(uri=uri, experiment="resume")
+    run_dir = tmp_path / "run"
+    params = {"seed": 3, "long": "y" * 7000}
+    summary = {"accuracy": 0.5, "bytes_up": 100.0}
+
+    first = Tracker(cfg, run_dir, params, {"method": "fedavg"}, "a/fedavg/seed3")
+    for step in range(1, 6):
+        first.log_metrics({"bytes_up": step * 10, "loss": float("nan"), "acc": step / 10}, step=step)
+    first.end("KILLED")
+    (run,) = _runs(uri, "resume")
+    assert run.info.status == "KILLED" and run.info.run_id == first.run_id
+
+    second = Tracker(cfg, run_dir, params, {"method": "fedavg"}, "a/fedavg/seed3")  # the resume
+    assert second.active and second.run_id == first.run_id and second.previous_status == "KILLED"
+    for step in range(1, STEPS + 1):
+        second.log_metrics({"bytes_up": step * 10, "loss": float("nan"), "acc": step / 10}, step=step)
+    second.finish(summary, [])
+
+    third = Tracker(cfg, run_dir, params, {"method": "fedavg"}, "a/fedavg/seed3")  # a re-run
+    assert third.run_id == first.run_id and third.previous_status == "FINISHED"
+    third.finish(summary, [])  # identical final values are not logged again
+
+    (run,) = _runs(uri, "resume")
+    assert run.info.status == "FINISHED"
+    assert _steps(uri, run.info.run_id) == list(range(1, STEPS + 1))
+    assert _steps(uri, run.info.run_id, "acc") == list(range(1, STEPS + 1))
+    assert _steps(uri, run.info.run_id, "loss") == []  # NaN dropped
+    assert len(_client(uri).get_metric_history(run.info.run_id, "final_accuracy")) == 1
+    assert run.data.params["seed"] == "3" and len(run.data.params["long"]) == 6000
+
+
+def _make_run_dir(path, rounds=3, method="fedavg", seed=0):
+    from fedfactor.config import load_config
+
+    cfg = load_config(None, [f"method.name={method}", f"seed={seed}", "scenario=imp", "tracking.enabled=false"])
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+    rows = ["round,bytes_up,accuracy_mean"] + [f"{r},{r * 100},{r / 10}" for r in range(1, rounds + 1)]
+    (path / "metrics.csv").write_text("\n".join(rows) + "\n")
+    summary = {"scenario": "imp", "method": method, "seed": seed, "dataset": cfg.data.name,
+               "accuracy": 0.3, "accuracy_mean": 0.3, "accuracy_std": 0.01, "accuracy_weighted": 0.31,
+               "accuracy_best_mean": 0.3, "accuracy_best_weighted": 0.31, "accuracy_at_best_val": None,
+               "bytes_up": rounds * 100, "bytes_down": 50, "wall_seconds": 1.5}
+    (path / "summary.json").write_text(json.dumps(summary))
+    (path / "diagnostics" / "x").mkdir(parents=True)
+    (path / "diagnostics" / "x" / "round_0001.npy").write_bytes(b"not really npy")
+    return path
+
+
+def _warnings(caplog):
+    return [r for r in caplog.records if r.name == "fedfactor" and r.levelno == logging.WARNING]
+
+
+def _no_ops(tracker):
+    assert not tracker.active and tracker.run_id is None
+    tracker.log_metrics({"bytes_up": 1.0}, step=1)
+    tracker.finish({"accuracy": 0.5}, [])
+    tracker.end("KILLED")
+
+
+def test_unreachable_store_warns_once_then_import_loads_the_files(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(tracking, "RETRY_SECONDS", 0.3)
+    caplog.set_level(logging.WARNING, logger="fedfactor")
+    run_dir = tmp_path / "runs" / "imp" / "fedavg" / "seed0"
+
+    # A store path under a regular file: it can never be created.
+    (tmp_path / "not_a_dir").write_text("")
+    bad = f"sqlite:///{tmp_path}/not_a_dir/mlflow.db"
+    start = time.monotonic()
+    tracker = Tracker(TrackingConfig(uri=bad), run_dir, {"a": 1}, {}, "r")
+    _no_ops(tracker)
+    assert time.monotonic() - start < 10
+    (warning,) = _warnings(caplog)
+    assert bad in warning.getMessage() and f"fedfactor mlflow-import {run_dir}" in warning.getMessage()
+
+    # A database another connection holds under an exclusive lock the whole time.
+    uri = f"sqlite:///{tmp_path}/store/mlflow.db"
+    (tmp_path / "store").mkdir()
+    holder = sqlite3.connect(tmp_path / "store" / "mlflow.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    caplog.clear()
+    tracker = Tracker(TrackingConfig(uri=uri, experiment="imp"), run_dir, {"a": 1}, {}, "r")
+    _no_ops(tracker)
+    (warning,) = _warnings(caplog)
+    assert "unreachable" in warning.getMessage() and "locked" in warning.getMessage()
+    holder.execute("ROLLBACK")
+    holder.close()
+
+    # The training's files, complete; the store reachable again.
+    _make_run_dir(run_dir)
+    with pytest.raises(UsageError, match="unreachable"):
+        import_runs([tmp_path / "runs"], bad, "imp")
+    assert import_runs([tmp_path / "runs"], uri, "imp") == [(run_dir, "imported")]
+    (run,) = _runs(uri, "imp")
+    assert run.info.status == "FINISHED" and run.info.run_name == "imp/fedavg/seed0"
+    assert {k: run.data.tags[k] for k in ("method", "scenario", "seed", "out")} == \
+        {"method": "fedavg", "scenario": "imp", "seed": "0", "out": str(run_dir.resolve())}
+    assert run.data.params["fl.rounds"] is not None and run.data.params["tracking.enabled"] == "False"
+    assert _steps(uri, run.info.run_id) == [1, 2, 3]
+    assert run.data.metrics["final_wall_seconds"] == 1.5 and "final_accuracy_at_best_val" not in run.data.metrics
+    artifacts = {a.path for a in _client(uri).list_artifacts(run.info.run_id)}
+    assert artifacts == {"summary.json", "metrics.csv", "config.yaml", "diagnostics"}
+
+    assert import_runs([run_dir, tmp_path / "runs"], uri, "imp") == [(run_dir, "unchanged")]
+    assert len(_runs(uri, "imp")) == 1
+    assert _steps(uri, run.info.run_id) == [1, 2, 3]
+
+
+def test_import_completes_an_unfinished_run(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    from fedfactor.config import load_config
+    from fedfactor.tracking import run_identity
+
+    run_dir = _make_run_dir(tmp_path / "run", rounds=4)
+    cfg = load_config(run_dir / "config.yaml")
+    cfg.tracking = cfg.tracking.model_copy(update={"enabled": True, "uri": uri, "experiment": "imp"})
+    tracker = Tracker(cfg.tracking, run_dir, *run_identity(cfg, run_dir))  # training killed at round 2
+    for r in (1, 2):
+        tracker.log_metrics({"bytes_up": r * 100, "accuracy_mean": r / 10}, step=r)
+    tracker.end("KILLED")
+    assert import_runs([run_dir], uri, "imp") == [(run_dir, "completed")]
+    (run,) = _runs(uri, "imp")
+    assert run.info.status == "FINISHED" and _steps(uri, run.info.run_id) == [1, 2, 3, 4]
+
+
+def test_import_rejects_bad_paths_and_partial_runs(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with pytest.raises(UsageError, match="missing_dir.*does not exist"):
+        import_runs([tmp_path / "missing_dir"], uri, "e")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="empty holds no run"):
+        import_runs([tmp_path / "empty"], uri, "e")
+    good = _make_run_dir(tmp_path / "runs" / "good")
+    bad = _make_run_dir(tmp_path / "runs" / "bad")
+    (bad / "summary.json").write_text('{"accuracy": 0.3,')
+    with pytest.raises(UsageError, match="bad/summary.json"):
+        import_runs([tmp_path / "runs"], uri, "e")
+    (bad / "summary.json").write_text("{}")
+    (bad / "config.yaml").unlink()
+    with pytest.raises(UsageError, match="bad/config.yaml"):
+        import_runs([good, bad], uri, "e")
+    assert not (tmp_path / "mlflow.db").exists()  # every directory is checked before any write

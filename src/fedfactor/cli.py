@@ -1,7 +1,8 @@
 """The one entry point: `fedfactor <command>`. Rules, tables and users all build on this contract.
 
 Bad input of any kind (unknown names, impossible settings, corrupt files) ends with one line on
-stderr and exit status 2, before any output is written.
+stderr and exit status 2, before any output is written. A run that cannot go on (a diverging loss)
+exits 1; a training job stopped by SIGTERM or SIGINT checkpoints and exits 128 + the signal.
 """
 
 from __future__ import annotations
@@ -9,13 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import platform
 import sys
-import time
 from pathlib import Path
 
 from . import __version__
-from .errors import UsageError
+from .errors import Interrupted, RunFailed, UsageError
 
 log = logging.getLogger("fedfactor")
 
@@ -33,79 +32,13 @@ def _config(args):
 
 
 def cmd_train(args) -> None:
-    import pandas as pd
-    import torch
-    import yaml
+    from .job import train
 
-    from .fl.simulator import ACCURACY_FIELDS, Simulator, summarize
-    from .io import atomic_write_json, atomic_write_npy, atomic_write_text
-    from .tracking import Tracker
-
-    cfg = _config(args)
-    sim = Simulator(cfg)  # every check on the config and the data happens here, before any output
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").unlink(missing_ok=True)  # a stale summary must not survive a failed rerun
-    atomic_write_text(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    name = cfg.method["name"]
-    run_name = f"{cfg.scenario}/{name}/seed{cfg.seed}"
-    tags = {"method": name, "dataset": cfg.data.name, "scenario": cfg.scenario, "seed": str(cfg.seed),
-            "out": str(out.resolve())}
-    tracker = Tracker(cfg.tracking, cfg.flat(), tags, run_name)
-    rows = []
-    start = time.perf_counter()
-
-    def on_round(rec) -> None:
-        # One channel for everything a round produced: the loop's metrics and the method's
-        # diagnostics go to metrics.csv and MLflow, its arrays to diagnostics/<name>/.
-        row = rec.metrics()
-        rows.append(row)
-        atomic_write_text(out / "metrics.csv", pd.DataFrame(rows).to_csv(index=False))
-        for key, array in rec.arrays.items():
-            atomic_write_npy(out / "diagnostics" / key / f"round_{rec.round:04d}.npy", array)
-        tracker.log_metrics({k: v for k, v in row.items() if k != "round"}, step=rec.round)
-        if rec.test is not None and not sys.stderr.isatty():
-            log.info("%s round %d/%d: accuracy %.4f +- %.4f, up %d B, down %d B, %.1f s", run_name, rec.round,
-                     cfg.fl.rounds, rec.test.mean, rec.test.std, rec.bytes_up, rec.bytes_down,
-                     rec.elapsed_seconds)
-
-    try:
-        records = sim.run(on_round)
-    except BaseException:
-        tracker.fail()
-        raise
-    summary = {
-        "method": name,
-        "dataset": cfg.data.name,
-        "scenario": cfg.scenario,
-        "seed": cfg.seed,
-        "model": cfg.model.name,
-        "partition": cfg.partition.kind,
-        "rounds": cfg.fl.rounds,
-        "clients": cfg.fl.clients,
-        "num_classes": sim.partition.num_classes,
-        "head_local": sim.head_local,
-        "protocol": cfg.eval.model_dump(),
-        **summarize(records, cfg.eval.report),
-        "accuracy_fields": ACCURACY_FIELDS,
-        "bytes_up": sim.meter.up,
-        "bytes_down": sim.meter.down,
-        "bytes_total": sim.meter.total,
-        "params_total": sim.params_total,
-        "wall_seconds": time.perf_counter() - start,
-        "device": str(sim.device),
-        "versions": {"fedfactor": __version__, "torch": torch.__version__, "python": platform.python_version()},
-        "config": cfg.to_dict(),
-    }
-    # summary.json is the job's completion marker: written last, atomically.
-    atomic_write_json(out / "summary.json", summary)
-    keys = ["accuracy", "accuracy_mean", "accuracy_std", "accuracy_weighted", "accuracy_best_mean",
-            "accuracy_best_weighted", "accuracy_at_best_val", "bytes_up", "bytes_down", "wall_seconds"]
-    files = [out / "summary.json", out / "metrics.csv", out / "config.yaml", out / "diagnostics"]
-    tracker.finish({k: summary[k] for k in keys if summary[k] is not None}, [f for f in files if f.exists()])
-    print(f"{run_name}: accuracy {summary['accuracy']:.4f} ({cfg.eval.report}, round {summary['accuracy_round']}; "
-          f"last {summary['accuracy_mean']:.4f} +- {summary['accuracy_std']:.4f}, best {summary['accuracy_best_mean']:.4f} "
-          f"at round {summary['best_round']}), {sim.meter.total:,} bytes -> {out}")
+    summary = train(_config(args), Path(args.out))
+    print(f"{summary['scenario']}/{summary['method']}/seed{summary['seed']}: accuracy {summary['accuracy']:.4f} "
+          f"({summary['protocol']['report']}, round {summary['accuracy_round']}; last {summary['accuracy_mean']:.4f} "
+          f"+- {summary['accuracy_std']:.4f}, best {summary['accuracy_best_mean']:.4f} at round "
+          f"{summary['best_round']}), {summary['bytes_total']:,} bytes -> {args.out}")
 
 
 def cmd_cost(args) -> None:
@@ -190,6 +123,16 @@ def cmd_mlflow_init(args) -> None:
     print(f"MLflow store {args.uri}, experiment {args.experiment!r} = {exp_id}")
 
 
+def cmd_mlflow_import(args) -> None:
+    from .tracking import import_runs
+
+    outcomes = import_runs([Path(p) for p in args.runs], args.uri, args.experiment)
+    for path, outcome in outcomes:
+        print(f"{outcome}\t{path}")
+    counts = {o: sum(1 for _, x in outcomes if x == o) for o in ("imported", "completed", "unchanged")}
+    print(f"{len(outcomes)} runs: " + ", ".join(f"{n} {o}" for o, n in counts.items()), file=sys.stderr)
+
+
 def cmd_table(args) -> None:
     from .report.table import collect, write_tables
 
@@ -242,6 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the experiment id to this file")
     p.set_defaults(func=cmd_mlflow_init)
 
+    p = sub.add_parser("mlflow-import", help="mirror finished run folders into an MLflow store (again: nothing new)")
+    p.add_argument("runs", nargs="+", help="run folders (holding summary.json) or folders searched for them")
+    p.add_argument("--uri", default="sqlite:///results/mlflow.db")
+    p.add_argument("--experiment", default="fedfactor")
+    p.set_defaults(func=cmd_mlflow_import)
+
     p = sub.add_parser("table", help="mean +- std over seeds of run summaries, as markdown and csv")
     p.add_argument("runs", nargs="+", help="summary.json files or directories searched for them")
     p.add_argument("--out-md", required=True)
@@ -266,6 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"fedfactor: error: {e}", file=sys.stderr)
         return 2
+    except RunFailed as e:
+        print(f"fedfactor: run failed: {e}", file=sys.stderr)
+        return 1
+    except Interrupted as e:  # the job has checkpointed and said how to resume
+        print(f"fedfactor: stopped by {e}", file=sys.stderr)
+        return e.exit_status
+    except KeyboardInterrupt:  # Ctrl-C outside a training loop
+        print("fedfactor: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         return 0
     return 0

@@ -112,6 +112,18 @@ class FLConfig(Section):
     # (permuted labels, class groups); "local"/"shared" force it.
     head: Literal["auto", "local", "shared"] = "auto"
     device: str = "auto"
+    # A client whose mean training loss in a round is NaN, infinite or above max_loss has diverged:
+    # "stop" ends the run naming the round and client; "skip" drops that client's update for the
+    # round (its state stays as it was, nothing is uploaded) and records it in metrics.csv.
+    on_divergence: Literal["stop", "skip"] = "stop"
+    max_loss: Float = Field(1e4, gt=0)
+
+
+class CheckpointConfig(Section):
+    """Resume after any kill: OUT/checkpoint.pt holds everything the next round needs."""
+
+    every: Int = Field(5, ge=0)  # rounds between checkpoints; 0: only when SIGTERM/SIGINT stops the run
+    keep: bool = False  # keep the checkpoint after the run has finished
 
 
 class EvalConfig(Section):
@@ -152,10 +164,15 @@ class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     fl: FLConfig = Field(default_factory=FLConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     def to_dict(self) -> dict:
         return self.model_dump()
+
+    def result_dict(self) -> dict:
+        """What determines the results: everything but where they are mirrored and checkpointed."""
+        return {k: v for k, v in self.to_dict().items() if k not in ("checkpoint", "tracking")}
 
     def flat(self) -> dict[str, Any]:
         """Dotted keys -> values, the form MLflow params and tables use."""

@@ -1,28 +1,50 @@
-"""Atomic file output: a killed job leaves either the old file or the new one, never half of one."""
+"""Atomic file output: a killed job leaves either the old file or the new one, never half of one.
+
+Files are created with the mode the umask allows (group-readable under the usual 022/002), not the
+0600 a temporary file starts with, so results on a shared cluster are readable by the group.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Iterator
+
+log = logging.getLogger("fedfactor")
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+FILE_MODE = 0o666 & ~_UMASK
+TMP_SUFFIX = ".tmp"
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+@contextlib.contextmanager
+def atomic_open(path: str | Path) -> Iterator[IO[bytes]]:
+    """A binary file object whose content replaces `path` only once the block completes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    with atomic_open(path) as f:
+        f.write(data)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -39,3 +61,38 @@ def atomic_write_npy(path: str | Path, array: Any) -> None:
     buf = io.BytesIO()
     np.save(buf, np.asarray(array), allow_pickle=False)
     atomic_write_bytes(path, buf.getvalue())
+
+
+def remove_stale_temporaries(folder: Path) -> int:
+    """Delete the temporaries a killed writer left in `folder` (call it only under `folder_lock`)."""
+    stale = [p for p in folder.rglob(f".*{TMP_SUFFIX}") if p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return len(stale)
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `folder` for as long as the block runs.
+
+    One writer per output folder: a second job for the same folder (a re-run while a killed
+    Snakemake's orphan still runs) waits instead of interleaving its files. The kernel releases
+    the lock when the holder dies, however it dies.
+    """
+    path = folder / ".lock"
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            log.warning("%s is in use by %s; waiting for it to finish", folder, holder)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -1,25 +1,75 @@
 """MLflow mirror of a run. The only module that imports mlflow (lazily: the import costs ~1 s).
 
-The run's own files (summary.json, metrics.csv) are the source of truth; MLflow mirrors them so
-runs can be browsed and compared in its UI.
+The run's own files (summary.json, metrics.csv, config.yaml) are the source of truth; MLflow mirrors
+them so runs can be browsed and compared in its UI. Two rules follow from that:
 
-Parallel jobs and SQLite: many processes creating a fresh SQLite store at once race in its schema
-migration, and concurrent `set_experiment` on a new name can file runs under "Default". So the
-store and the experiment are created once (`init_store`, the workflow's `mlflow_init` rule) and
-jobs pass `experiment_id` explicitly. Writes that still hit a locked database are retried.
+Tracking never loses training. Every store call goes through one guard (`_retry`): any exception
+is retried with jittered exponential backoff for up to RETRY_SECONDS; then the tracker logs one
+warning, switches itself off and training goes on. `fedfactor mlflow-import` loads the files later.
+
+One run directory is one MLflow run. The directory holds `mlflow.json` with a random run key; the
+MLflow run carries it as the tag `fedfactor.run_key`. Opening a directory again (a resume, a re-run,
+an import) continues that run instead of adding one, and skips the steps the store already has.
+
+Parallel jobs and SQLite: MLflow creates and migrates a SQLite schema on the first connection of
+each process (SqlAlchemyStore.__init__ -> mlflow.store.db.utils._initialize_tables, with no lock of
+its own for tracking stores), so processes starting at once on a fresh store race and break it; two
+processes creating the same experiment race too. Opening the store and getting or creating the
+experiment therefore happen under an exclusive `flock` on `<db>.lock` beside the database.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
+import logging
+import math
 import os
 import random
 import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, TypeVar
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from .config import TrackingConfig
+from .errors import UsageError
 
-_RETRIES = 8
+log = logging.getLogger("fedfactor")
+
+T = TypeVar("T")
+
+# Total seconds one store call may keep failing (retried with backoff) before the tracker gives up.
+RETRY_SECONDS = 25.0
+# Seconds a process waits for another one holding the store's creation lock (a schema migration).
+LOCK_SECONDS = 60.0
+_BACKOFF_FIRST = 0.1
+_BACKOFF_MAX = 4.0
+# An unreachable tracking server must not stall a job for minutes (MLflow's defaults: 7 retries
+# with backoff factor 2, 120 s timeout per request).
+_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+STATE_FILE = "mlflow.json"
+RUN_KEY_TAG = "fedfactor.run_key"
+STEP_METRIC = "bytes_up"  # logged by every round: its steps are the steps a run already holds
+FINAL_KEYS = ("accuracy", "accuracy_mean", "accuracy_std", "accuracy_weighted", "accuracy_best_mean",
+              "accuracy_best_weighted", "accuracy_at_best_val", "bytes_up", "bytes_down", "wall_seconds")
+RUN_FILES = ("summary.json", "metrics.csv", "config.yaml", "diagnostics")
+_PARAM_BATCH = 100  # MLflow caps a log_batch at 100 params ...
+_METRIC_BATCH = 1000  # ... and 1000 metrics
+_PARAM_CHARS = 6000
+
+
+class _Unreachable(Exception):
+    """A store call still failing after the retries; its message is the one-line reason."""
+
+
+class _Fatal(Exception):
+    """A store problem that no retry fixes (a deleted experiment): give up at once."""
 
 
 def _mlflow():
@@ -29,84 +79,393 @@ def _mlflow():
     return mlflow
 
 
-def _sqlite_path(uri: str) -> Path | None:
-    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+def _one_line(e: BaseException) -> str:
+    lines = [s.strip() for s in str(e).splitlines() if s.strip()]
+    text = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _retry(call: Callable[[], Any]) -> Any:
-    """Retry on SQLite lock contention, with jittered backoff; other errors propagate."""
-    for attempt in range(_RETRIES):
+def _retry(call: Callable[[], T]) -> T:
+    """The guard around every store call: retry any exception with jittered exponential backoff
+    until RETRY_SECONDS have passed, then raise _Unreachable with the last error as one line."""
+    deadline = time.monotonic() + RETRY_SECONDS
+    delay = _BACKOFF_FIRST
+    while True:
         try:
             return call()
-        except Exception as e:  # mlflow wraps sqlalchemy's OperationalError in its own types
-            if "locked" not in str(e).lower() or attempt == _RETRIES - 1:
-                raise
-            time.sleep(0.05 * 2**attempt * (1 + random.random()))
+        except _Fatal as e:
+            raise _Unreachable(str(e)) from e
+        except Exception as e:  # a locked database, a refused connection, a half-migrated schema...
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _Unreachable(_one_line(e)) from e
+            time.sleep(min(remaining, delay * (0.5 + random.random())))
+            delay = min(2 * delay, _BACKOFF_MAX)
+
+
+def _local_path(uri: str) -> Path | None:
+    """The database file of a sqlite:/// URI, or the folder of a local file store; else None."""
+    if uri.startswith("sqlite:///"):
+        path = uri[len("sqlite:///"):].split("?", 1)[0]
+        return Path(path) if path and path != ":memory:" else None
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(url2pathname(parsed.path))
+    if parsed.scheme == "":
+        return Path(uri)
+    return None
+
+
+@contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """Exclusive across processes for a local store (`<db>.lock` beside it); nothing for others."""
+    path = _local_path(uri)
+    if path is None:
+        yield
+        return
+    lock = Path(f"{path}.lock")
+
+    def open_lock():
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        return open(lock, "a")
+
+    f = _retry(open_lock)
+    try:
+        deadline = time.monotonic() + max(LOCK_SECONDS, RETRY_SECONDS)
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise _Unreachable(f"{lock} stays locked by another process") from None
+                time.sleep(0.02 + 0.08 * random.random())
+        yield  # closing the file releases the lock
+    finally:
+        f.close()
 
 
 def _client(uri: str):
-    path = _sqlite_path(uri)
-    if path is not None:
+    """An MlflowClient; its construction (or first use, in older MLflow) creates the schema."""
+    path = _local_path(uri)
+    if path is not None and uri.startswith("sqlite:"):
         path.parent.mkdir(parents=True, exist_ok=True)
     return _mlflow().MlflowClient(tracking_uri=uri)
 
 
+def _experiment_id(client, uri: str, name: str, exp_id: str | None) -> str:
+    """The id of the experiment `exp_id` (checked), or of `name`, created if needed."""
+    if exp_id is not None:
+        exp = client.get_experiment(str(exp_id))  # str(): YAML may hand over an int
+    else:
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            path = _local_path(uri)
+            # Artifacts beside the database, so results/ holds the whole store.
+            location = (path.parent / "mlartifacts").resolve().as_uri() if uri.startswith("sqlite:") and path else None
+            return client.create_experiment(name, artifact_location=location)
+    if exp.lifecycle_stage != "active":
+        raise _Fatal(f"experiment {exp.name!r} (id {exp.experiment_id}) is deleted")
+    return exp.experiment_id
+
+
+def _open_store(uri: str, experiment: str, exp_id: str | None = None):
+    """(client, experiment id), both under the store lock: the first store access of a process
+    may create or migrate the schema, and two processes must not create the same experiment."""
+    if uri.startswith(("http://", "https://")):
+        for k, v in _HTTP_DEFAULTS.items():
+            os.environ.setdefault(k, v)
+    with _store_lock(uri):
+        client = _retry(lambda: _client(uri))
+        return client, _retry(lambda: _experiment_id(client, uri, experiment, exp_id))
+
+
 def init_store(uri: str, experiment: str) -> str:
-    """Create the store and the experiment if needed; return the experiment id."""
-    client = _client(uri)
-    exp = _retry(lambda: client.get_experiment_by_name(experiment))
-    if exp is not None:
-        return exp.experiment_id
-    path = _sqlite_path(uri)
-    # Artifacts beside the database, so results/ holds the whole store.
-    location = (path.parent / "mlartifacts").resolve().as_uri() if path is not None else None
-    return _retry(lambda: client.create_experiment(experiment, artifact_location=location))
+    """Create the store and the experiment if needed; return the experiment id.
+
+    Raises UsageError when the store stays unreachable (creating it is the caller's only job)."""
+    try:
+        return _open_store(uri, experiment)[1]
+    except _Unreachable as e:
+        raise UsageError(f"MLflow store {uri} unreachable ({e})") from None
 
 
 def _param_value(v: Any) -> str:
     s = str(v)
-    return s if len(s) <= 6000 else s[:5997] + "..."
+    return s if len(s) <= _PARAM_CHARS else s[: _PARAM_CHARS - 3] + "..."
+
+
+def _number(v: Any) -> float | None:
+    """v as a float for a metric; None for NaN and for what is not a number."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+def _run_key(run_dir: Path) -> dict:
+    """The directory's mlflow.json ({"run_key", "run_ids"}), created atomically the first time."""
+    from .io import atomic_write_json
+
+    path = run_dir / STATE_FILE
+    try:
+        state = json.loads(path.read_text())
+    except FileNotFoundError:
+        state = None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        log.warning("%s is unreadable (%s): a new MLflow run starts for %s", path, _one_line(e), run_dir)
+        state = None
+    key = state.get("run_key") if isinstance(state, dict) else None
+    if not (isinstance(key, str) and len(key) == 32 and all(c in "0123456789abcdef" for c in key)):
+        state = {"run_key": uuid.uuid4().hex, "run_ids": {}}
+        atomic_write_json(path, state)
+    if not isinstance(state.get("run_ids"), dict):
+        state["run_ids"] = {}
+    return state
+
+
+def run_identity(cfg, run_dir: Path) -> tuple[dict[str, Any], dict[str, str], str]:
+    """(params, tags, run_name) of the MLflow run mirroring `run_dir`, trained with config `cfg`
+    (a fedfactor.config.Config). The training job and `mlflow-import` both use this."""
+    name = cfg.method["name"]
+    tags = {"method": name, "dataset": cfg.data.name, "scenario": cfg.scenario, "seed": str(cfg.seed),
+            "out": str(Path(run_dir).resolve())}
+    return cfg.flat(), tags, f"{cfg.scenario}/{name}/seed{cfg.seed}"
 
 
 class Tracker:
-    """One MLflow run: params at start, metrics per evaluated round, summary and files at the end."""
+    """The MLflow run of one run directory: params at start, metrics per round, summary and files
+    at the end. Store problems never raise: the tracker warns once and turns into a no-op.
 
-    def __init__(self, cfg: TrackingConfig, params: dict[str, Any], tags: dict[str, str], run_name: str):
-        self.enabled = cfg.enabled
-        if not self.enabled:
+    `active` is True while the run is open for logging; `run_id` is None when tracking is off.
+    `previous_status` is the status the run had when it was found (None: created here).
+    """
+
+    def __init__(self, cfg: TrackingConfig, run_dir: Path, params: dict[str, Any], tags: dict[str, str],
+                 run_name: str):
+        self.uri = cfg.uri
+        self.run_dir = Path(run_dir)
+        self.run_id: str | None = None
+        self.active = False
+        self.previous_status: str | None = None
+        self._client = None
+        self._steps: set[int] = set()  # steps the run holds: never logged twice
+        if not cfg.enabled:
             return
-        self.client = _client(cfg.uri)
-        # str(): `--set tracking.experiment_id=1` arrives as an int from the YAML reader
-        exp_id = str(cfg.experiment_id) if cfg.experiment_id is not None else init_store(cfg.uri, cfg.experiment)
-        self.run_id = _retry(lambda: self.client.create_run(exp_id, run_name=cfg.run_name or run_name, tags=tags)).info.run_id
-        Param = _mlflow().entities.Param
-        items = [Param(k, _param_value(v)) for k, v in sorted(params.items())]
-        for i in range(0, len(items), 100):  # MLflow caps a batch at 100 params
-            _retry(lambda chunk=items[i : i + 100]: self.client.log_batch(self.run_id, params=chunk))
+        try:
+            state = _run_key(self.run_dir)
+        except OSError as e:
+            self._give_up(f"MLflow run of {self.run_dir} not opened ({self.run_dir / STATE_FILE} cannot be "
+                          f"written: {_one_line(e)})")
+            return
+        with self._guard():
+            self._open(cfg, state, params, tags, cfg.run_name or run_name)
 
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        if not self.enabled:
+    # -- the guard ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        try:
+            yield
+        except _Unreachable as e:
+            self._give_up(f"MLflow store {self.uri} unreachable ({e})")
+
+    def _give_up(self, problem: str) -> None:
+        """Switch tracking off for good, with one warning."""
+        self.active = False
+        self.run_id = None
+        log.warning("%s: training goes on without it; the run's files are complete: load them later with "
+                    "`fedfactor mlflow-import %s`", problem, self.run_dir)
+
+    def _continue(self, run) -> bool:
+        """Whether to reopen a run found for this directory (the importer leaves finished ones)."""
+        return True
+
+    # -- opening -----------------------------------------------------------------------------
+
+    def _open(self, cfg: TrackingConfig, state: dict, params: dict[str, Any], tags: dict[str, str],
+              run_name: str) -> None:
+        client, exp_id = _open_store(self.uri, cfg.experiment, cfg.experiment_id)
+        mlflow = _mlflow()
+        Param, RunTag = mlflow.entities.Param, mlflow.entities.RunTag
+        key = state["run_key"]
+        tags = {**{k: str(v) for k, v in tags.items()}, RUN_KEY_TAG: key}
+
+        def find_or_create():
+            # One unit, so a retry after a create whose answer was lost finds that run.
+            found = client.search_runs([exp_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{key}'",
+                                       run_view_type=mlflow.entities.ViewType.ACTIVE_ONLY,
+                                       max_results=10, order_by=["attributes.start_time ASC"])
+            if found:
+                return found[0], False
+            return client.create_run(exp_id, run_name=run_name, tags=tags), True
+
+        run, created = _retry(find_or_create)
+        run_id = run.info.run_id
+        existing: dict[str, str] = {}
+        if not created:
+            self.previous_status = run.info.status
+            if not self._continue(run):
+                self.run_id = run_id
+                return
+            if run.info.status != "RUNNING":
+                _retry(lambda: client.update_run(run_id, status="RUNNING"))
+            existing = dict(run.data.params)
+            history = _retry(lambda: client.get_metric_history(run_id, STEP_METRIC))
+            self._steps = {m.step for m in history}
+            _retry(lambda: client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()]))
+        values = {k: _param_value(v) for k, v in params.items()}
+        changed = sorted(k for k, v in values.items() if k in existing and existing[k] != v)
+        if changed:
+            log.warning("MLflow run %s keeps its first values of %s (MLflow params cannot change); "
+                        "the run's config.yaml has the new ones", run_id, ", ".join(changed[:5]) +
+                        (f" and {len(changed) - 5} more" if len(changed) > 5 else ""))
+        new = [Param(k, v) for k, v in sorted(values.items()) if k not in existing]
+        for i in range(0, len(new), _PARAM_BATCH):
+            _retry(lambda chunk=new[i : i + _PARAM_BATCH]: client.log_batch(run_id, params=chunk))
+        self._client, self.run_id, self.active = client, run_id, True
+        if state["run_ids"].get(self.uri) != run_id:  # informational only: the tag is what counts
+            from .io import atomic_write_json
+
+            state["run_ids"][self.uri] = run_id
+            try:
+                atomic_write_json(self.run_dir / STATE_FILE, state)
+            except OSError:
+                pass
+
+    # -- logging -----------------------------------------------------------------------------
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Log one step's metrics (NaN dropped); a step the run already holds is skipped."""
+        if not self.active or step in self._steps:
             return
         Metric = _mlflow().entities.Metric
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step or 0) for k, v in metrics.items() if v == v]  # drop NaN
-        _retry(lambda: self.client.log_batch(self.run_id, metrics=batch))
+        batch = [Metric(k, x, now, int(step)) for k, v in metrics.items() if (x := _number(v)) is not None]
+        with self._guard():
+            for i in range(0, len(batch), _METRIC_BATCH):
+                _retry(lambda chunk=batch[i : i + _METRIC_BATCH]: self._client.log_batch(self.run_id, metrics=chunk))
+            self._steps.add(step)
 
     def finish(self, summary_metrics: dict[str, float], files: list[Path], status: str = "FINISHED") -> None:
-        if not self.enabled:
+        """Log `final_<k>` metrics (unless the run already holds the same values), the files and
+        folders as artifacts, and terminate the run with `status`."""
+        if not self.active:
             return
-        if summary_metrics:
-            self.log_metrics({f"final_{k}": v for k, v in summary_metrics.items()})
-        for f in files:
-            if f.is_dir():
-                _retry(lambda f=f: self.client.log_artifacts(self.run_id, str(f), artifact_path=f.name))
-            else:
-                _retry(lambda f=f: self.client.log_artifact(self.run_id, str(f)))
-        _retry(lambda: self.client.set_terminated(self.run_id, status))
+        Metric = _mlflow().entities.Metric
+        client, run_id = self._client, self.run_id
+        now = int(time.time() * 1000)
+        finals = {f"final_{k}": x for k, v in summary_metrics.items() if (x := _number(v)) is not None}
+        with self._guard():
+            latest = _retry(lambda: client.get_run(run_id)).data.metrics if finals else {}
+            batch = [Metric(k, x, now, 0) for k, x in finals.items() if latest.get(k) != x]
+            if batch:
+                _retry(lambda: client.log_batch(run_id, metrics=batch))
+            for f in map(Path, files):
+                if f.is_dir():
+                    _retry(lambda f=f: client.log_artifacts(run_id, str(f), artifact_path=f.name))
+                elif f.exists():
+                    _retry(lambda f=f: client.log_artifact(run_id, str(f)))
+            _retry(lambda: client.set_terminated(run_id, status))
+            self.active = False
 
-    def fail(self) -> None:
-        if self.enabled:
-            try:
-                _retry(lambda: self.client.set_terminated(self.run_id, "FAILED"))
-            except Exception:
-                pass
+    def end(self, status: str = "FAILED") -> None:
+        """Terminate the run as "KILLED" or "FAILED" (training stopped early); never raises."""
+        if not self.active:
+            return
+        self.active = False
+        try:
+            with self._guard():
+                _retry(lambda: self._client.set_terminated(self.run_id, status))
+        except Exception:  # _give_up only logs; anything else must not mask the job's own error
+            pass
+
+
+
+# -- mlflow-import ------------------------------------------------------------------------------
+
+
+class _Importer(Tracker):
+    """A Tracker for `mlflow-import`: a store problem is an error (importing is the only job), and
+    a run the store already holds as FINISHED is left alone."""
+
+    def _give_up(self, problem: str) -> None:
+        self.active = False
+        raise UsageError(f"{problem}: nothing more imported")
+
+    def _continue(self, run) -> bool:
+        return run.info.status != "FINISHED"
+
+
+def _run_dirs(paths: list[Path]) -> list[Path]:
+    """The run directories (holding summary.json) under `paths`, each once, in order."""
+    found: dict[Path, Path] = {}
+    for path in map(Path, paths):
+        if not path.exists():
+            raise UsageError(f"{path} does not exist")
+        if not path.is_dir():
+            raise UsageError(f"{path} is not a directory (give a run directory or a folder of runs)")
+        dirs = sorted(s.parent for s in path.rglob("summary.json")
+                      if s.is_file() and not any(p.startswith(".") for p in s.relative_to(path).parts[:-1]))
+        if not dirs:
+            raise UsageError(f"{path} holds no run (no summary.json under it)")
+        for d in dirs:
+            found.setdefault(d.resolve(), d)
+    return list(found.values())
+
+
+def _load_run(run_dir: Path):
+    """(config, summary, metrics) of a finished run directory; UsageError naming a bad file."""
+    import pandas as pd
+
+    from .config import load_config
+
+    summary_path, metrics_path, config_path = (run_dir / n for n in RUN_FILES[:3])
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UsageError(f"{summary_path} is not readable JSON ({_one_line(e)})") from None
+    if not isinstance(summary, dict):
+        raise UsageError(f"{summary_path} must hold a JSON object")
+    if not config_path.is_file():
+        raise UsageError(f"{config_path} is missing: {run_dir} is not a complete run directory")
+    try:
+        cfg = load_config(config_path)
+    except UsageError as e:
+        raise UsageError(str(e) if str(config_path) in str(e) else f"{config_path}: {e}") from None
+    try:
+        metrics = pd.read_csv(metrics_path)
+    except (OSError, ValueError) as e:  # pandas' EmptyDataError and ParserError are ValueErrors
+        raise UsageError(f"{metrics_path} is not a readable CSV ({_one_line(e)})") from None
+    rounds = pd.to_numeric(metrics["round"], errors="coerce") if "round" in metrics.columns else None
+    if rounds is None or rounds.isna().any() or (rounds % 1 != 0).any():
+        raise UsageError(f"{metrics_path} needs a 'round' column of whole numbers")
+    return cfg, summary, metrics
+
+
+def import_runs(paths: list[Path], uri: str, experiment: str) -> list[tuple[Path, str]]:
+    """Mirror the finished run directories under `paths` into the store `uri`, experiment
+    `experiment`, through the same Tracker as training. Per directory: "imported" (a new MLflow
+    run), "completed" (an unfinished run of that directory finished), "unchanged" (its run is
+    already FINISHED: nothing is logged). Every directory is read and checked before anything is
+    written; UsageError for a missing path, a path without runs, an unreadable run file or an
+    unreachable store."""
+    runs = [(d, *_load_run(d)) for d in _run_dirs(paths)]
+    results = []
+    for run_dir, cfg, summary, metrics in runs:
+        # params from the config as trained, so they match what the training job logged
+        params, tags, run_name = run_identity(cfg, run_dir)
+        target = cfg.tracking.model_copy(update={"enabled": True, "uri": uri, "experiment": experiment,
+                                                 "experiment_id": None})
+        tracker = _Importer(target, run_dir, params, tags, run_name)
+        if not tracker.active:  # found FINISHED
+            results.append((run_dir, "unchanged"))
+            continue
+        for row in metrics.to_dict("records"):
+            step = row.pop("round")
+            tracker.log_metrics(row, step=int(step))
+        tracker.finish({k: summary[k] for k in FINAL_KEYS if summary.get(k) is not None},
+                       [run_dir / n for n in RUN_FILES if (run_dir / n).exists()])
+        results.append((run_dir, "imported" if tracker.previous_status is None else "completed"))
+    return results

@@ -280,7 +280,7 @@ def test_npz_3d_and_4d_load(tmp_path):
     np.testing.assert_allclose(ds.x.numpy(), expected_x([x3[:, None]]), atol=1e-5)
 
     x4 = rng.normal(size=(10, 3, 4, 4)).astype(np.float64)
-    np.savez_compressed(tmp_path / "b.npz", x=x4, y=np.full(10, 6, dtype=np.int32))
+    np.savez_compressed(tmp_path / "b.npz", x=x4, y=(np.arange(10) % 7).astype(np.int32))
     ds = load_dataset(f"npz:{tmp_path / 'b.npz'}")
     assert ds.x.shape == (10, 3, 4, 4) and ds.info.num_classes == 7 and ds.info.augment == "none"
     np.testing.assert_allclose(ds.x.numpy(), expected_x([x4]), atol=1e-5)
@@ -289,12 +289,12 @@ def test_npz_3d_and_4d_load(tmp_path):
 def test_npz_test_part_is_appended_and_normalised_with_train_stats(tmp_path):
     rng = np.random.default_rng(1)
     x, x_test = rng.normal(3, 2, size=(12, 2, 3, 3)), rng.normal(-5, 1, size=(4, 2, 3, 3))
-    y, y_test = np.arange(12) % 3, np.array([0, 1, 2, 9])
+    y, y_test = np.arange(12) % 3, np.array([0, 1, 3, 4])  # classes 3 and 4 only in the test part
     path = tmp_path / "c.npz"
     np.savez(path, x=x, y=y, x_test=x_test, y_test=y_test)
     ds = load_dataset(f"npz:{path}")
     assert ds.n_official_train == 12 and len(ds.y) == 16
-    assert ds.info.num_classes == 10  # max over train and test labels
+    assert ds.info.num_classes == 5  # max over train and test labels
     np.testing.assert_array_equal(ds.y.numpy(), np.concatenate([y, y_test]))
     np.testing.assert_allclose(ds.x.numpy(), expected_x([x, x_test]), atol=1e-5)
     # the test part keeps its offset: it is not re-centred
@@ -322,7 +322,10 @@ def test_npz_test_part_is_appended_and_normalised_with_train_stats(tmp_path):
             },
             "must match",
         ),
-        ({"x": np.full((3, 4, 4), np.nan), "y": np.zeros(3, int)}, "NaN"),
+        ({"x": np.full((3, 4, 4), np.nan), "y": np.array([0, 1, 0])}, "NaN"),
+        ({"x": np.zeros((3, 4, 4)), "y": np.array([0, 1, 200_000])}, "199998 of the 200001 classes"),
+        ({"x": np.zeros((3, 4, 4)), "y": np.zeros(3, int)}, "every label is 0; .* at least two classes"),
+        ({"x": np.zeros((3, 4, 4)), "y": np.full(3, 4, np.uint8)}, "4 of the 5 classes 0..4 have no"),
     ],
 )
 def test_bad_npz_files_are_usage_errors(tmp_path, arrays, match):
@@ -331,6 +334,22 @@ def test_bad_npz_files_are_usage_errors(tmp_path, arrays, match):
     with pytest.raises(UsageError, match=match) as err:
         load_dataset(f"npz:{path}")
     assert_one_line(err)
+
+
+def test_npz_classes_count_labels_of_both_parts_and_refuse_gaps(tmp_path):
+    x = np.zeros((4, 2, 2), np.float32)
+    path = tmp_path / "gap.npz"
+    # class 1 appears only in y_test and class 2 nowhere: dataset_info reads the labels only,
+    # yet refuses the file just as load_dataset does
+    np.savez(path, x=x, y=np.array([0, 0, 3, 3], np.uint16), x_test=x[:2], y_test=np.array([1, 1]))
+    for read in (dataset_info, load_dataset):
+        with pytest.raises(UsageError) as err:
+            read(f"npz:{path}")
+        text = assert_one_line(err)
+        assert text.startswith(f"{path}: 1 of the 4 classes 0..3 have no sample")
+        assert "the largest label is 3" in text
+    np.savez(path, x=x, y=np.array([0, 0, 3, 3], np.uint16), x_test=x[:2], y_test=np.array([1, 2]))
+    assert dataset_info(f"npz:{path}").num_classes == load_dataset(f"npz:{path}").info.num_classes == 4
 
 
 def test_missing_or_unreadable_npz_is_a_usage_error(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import numpy as np
 import pytest
@@ -698,3 +699,127 @@ def test_load_rejects_old_or_bad_pools(c10, tmp_path, change, reason):
 def test_load_missing_file(tmp_path):
     with pytest.raises(UsageError, match="does not exist"):
         Partition.load(tmp_path / "missing.json")
+
+
+# --------------------------------------------------------------------------------------------
+# Partition.validate: a partition checked against the labels it will be used with
+
+VALID_SPECS = [(spec, 9) for spec in ALL_SPECS] + [  # (spec, clients)
+    # groups of unequal size: the smaller group's clients use only some of the model's outputs
+    ({"kind": "class_groups", "groups": [[0, 1, 2], [3, 4]], "permute_labels": True}, 4),
+    # clients sharing samples, as FedDecomp's sampler allows
+    ({"kind": "dirichlet_fixed", "samples_per_client": {"train": 600, "val": 60, "test": 60}}, 9),
+]
+
+
+@pytest.mark.parametrize("spec, clients", VALID_SPECS, ids=[s["kind"] for s, _ in VALID_SPECS])
+def test_every_kind_builds_partitions_that_validate(c10, spec, clients, tmp_path):
+    y, splits = c10
+    part = make_partition(y, splits, 10, clients, spec, seed=0)
+    part.validate(y, "p.json")
+    part.save(tmp_path / "p.json", y)
+    Partition.load(tmp_path / "p.json").validate(y, "p.json")
+
+
+def test_validate_is_fast_for_100_clients_and_60k_samples():
+    y, splits = make_data(10, 6000)
+    part = make_partition(y, splits, 10, 100, {"kind": "dirichlet", "alpha": 0.5}, seed=0)
+    start = time.perf_counter()
+    part.validate(y)
+    assert time.perf_counter() - start < 0.5
+
+
+def _set(k, split, value):
+    """A change that puts `value` in place of the first index of client k's split."""
+
+    def change(part, y):
+        part.clients[k][split] = np.concatenate([[value], part.clients[k][split][1:]])
+
+    return change
+
+
+def _train_takes(k, source_client, split, count):
+    def change(part, y):
+        extra = part.clients[source_client][split][:count]
+        part.clients[k]["train"] = np.union1d(part.clients[k]["train"], extra)
+
+    return change
+
+
+def _label_map(k, cls, target):
+    def change(part, y):
+        part.label_maps[k, cls] = target
+
+    return change
+
+
+def _outside_task(part, y):
+    # client 1 loses the class of its first train sample, which other clients still cover
+    part.label_maps[1, y[part.clients[1]["train"][0]]] = -1
+
+
+BROKEN = [  # (change, what the message must say); c10 has N = 6000 samples, 3 iid clients
+    (_set(1, "test", -1), r"client 1's test split holds the index -1, outside 0\.\.5999 \(.*=6000"),
+    (_set(0, "train", 6000), "client 0's train split holds the index 6000, outside 0..5999"),
+    (_set(2, "val", 6005), "client 2's val split holds the index 6005"),
+    (lambda p, y: p.pools.update(test=np.append(p.pools["test"], 6000)), "pooled test split holds"),
+    (_train_takes(2, 2, "test", 5), "client 2's train and test splits share 5 indices"),
+    (_train_takes(0, 0, "val", 1), "client 0's train and val splits share 1 indices"),
+    (_train_takes(0, 1, "test", 3), "client 0's train split shares 3 indices with the pooled test"),
+    (_train_takes(2, 0, "val", 2), "client 2's train split shares 2 indices with the pooled val"),
+    (lambda p, y: p.clients[1].update(train=np.empty(0, np.int64)), "client 1 has an empty train"),
+    (lambda p, y: setattr(p, "label_maps", p.label_maps[:, :9]), r"label_maps has shape \[3, 9\]"),
+    (lambda p, y: setattr(p, "label_maps", p.label_maps[:2]), r"label_maps has shape \[2, 10\]"),
+    (_label_map(0, 3, -2), "client 0's label map sends class 3 to -2; a target must be 0..9"),
+    (_label_map(1, 0, 10), "client 1's label map sends class 0 to 10"),
+    (_label_map(2, 4, 5), "client 2's label map sends more than one class to target 5"),
+    (lambda p, y: setattr(p, "num_classes", 11), "num_classes is 11 but the largest client task"),
+    (_outside_task, r"client 1's train split holds \d+ samples outside its task"),
+]
+
+
+@pytest.mark.parametrize("change, pattern", BROKEN)
+def test_validate_names_the_file_and_the_first_problem(c10, change, pattern):
+    y, splits = c10
+    part = make_partition(y, splits, 10, 3, {"kind": "iid"}, seed=0)
+    part.validate(y, "parts/p.json")  # the change alone makes it fail
+    change(part, y)
+    with pytest.raises(UsageError, match=pattern) as err:
+        part.validate(y, "parts/p.json")
+    message = str(err.value)
+    assert message.startswith("parts/p.json: ") and "\n" not in message
+    assert message.endswith("create it again with `fedfactor partition`")
+
+
+@pytest.mark.parametrize(
+    "path, value, reason",
+    [
+        (("clients", 0, "train", 0), True, "flat lists of integers"),
+        (("clients", 1, "test", 1), 1.5, "flat lists of integers"),
+        (("clients", 2, "val", 0), "x", "flat lists of integers"),
+        (("clients", 0, "train", 2), "7", "flat lists of integers"),
+        (("clients", 0, "train", 2), None, "flat lists of integers"),
+        (("clients", 0, "train", 2), 2**70, "too large"),
+        (("pools", "test", 0), False, "flat lists of integers"),
+        (("label_maps", 0, 1), True, "label_maps must be lists of integers"),
+        (("label_maps", 1, 2), 2.5, "label_maps must be lists of integers"),
+        (("label_maps", 2, 3), "3", "label_maps must be lists of integers"),
+        (("label_maps", 2), [0, 1], "label_maps must be lists of integers"),
+        (("num_clients",), True, "num_clients and num_classes must be integers >= 1"),
+        (("num_classes",), 0, "num_clients and num_classes must be integers >= 1"),
+        (("num_classes",), 10.0, "num_clients and num_classes must be integers >= 1"),
+    ],
+)
+def test_load_rejects_values_json_would_coerce(c10, tmp_path, path, value, reason):
+    doc = saved_doc(c10, tmp_path)
+    *parents, last = path
+    target = doc
+    for key in parents:
+        target = target[key]
+    target[last] = value
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(UsageError, match="not a valid partition file") as err:
+        Partition.load(bad)
+    message = str(err.value)
+    assert reason in message and "bad.json" in message and "\n" not in message

@@ -29,3 +29,68 @@ def test_curves_tag_runs_and_draw_one_panel_per_scenario(tmp_path):
 def test_no_runs_is_usage_error(tmp_path):
     with pytest.raises(UsageError):
         load_curves([tmp_path])
+
+
+BAD_SUMMARIES = [  # (text of summary.json, what the message says)
+    ("", "cannot read run summary"),
+    ('{"scenario": "a", "method": "fedavg", "se', "cannot read run summary"),
+    ('["a", "fedavg", 0]', "holds an array, not a JSON object"),
+    ("7", "holds a number, not a JSON object"),
+    ('{"scenario": "a", "method": "fedavg"}', "lacks 'seed'"),
+    ('{"scenario": "a", "method": "fedavg", "seed": "1"}', "seed: input should be a valid integer"),
+    ('{"scenario": "a", "method": ["fedavg"], "seed": 1}', "method: input should be a valid string"),
+    ('{"scenario": "a", "method": "fedavg", "seed": NaN}', "seed: input should be a valid integer"),
+]
+
+
+@pytest.mark.parametrize("text, pattern", BAD_SUMMARIES)
+def test_damaged_summaries_are_one_line_usage_errors(tmp_path, text, pattern):
+    _run(tmp_path / "a/fedavg/0", "a", "fedavg", 0, [0.1, 0.2])
+    _run(tmp_path / "a/fedavg/1", "a", "fedavg", 1, [0.3, 0.4])
+    bad = tmp_path / "a/fedavg/1/summary.json"
+    bad.write_text(text)
+    with pytest.raises(UsageError, match=pattern) as err:
+        load_curves([tmp_path])
+    assert str(bad) in str(err.value) and "\n" not in str(err.value)
+
+
+BAD_METRICS = [  # (content of metrics.csv or None for no file, what the message says)
+    (None, "metrics.csv does not exist, though its run has a summary.json"),
+    ("", r"cannot read .*metrics.csv \(No columns to parse from file\)"),
+    ("round,accuracy_mean\n1,0.1\n2,0.2,0.5,7\n", r"cannot read .*metrics.csv \(Error tokenizing data"),
+    (b"\xff\xfe\x00garbage\x00\n\x81", "cannot read .*metrics.csv"),
+    ("round,accuracy_mean\n", "has no evaluated round"),
+    ("round,train_loss\n1,0.5\n", "has no column 'accuracy_mean'"),
+    ("accuracy_mean\n0.5\n", "has no column 'round'"),
+    ("round,accuracy_mean\n1,0.1\n2,high\n", "accuracy_mean holds something other than numbers"),
+    ("round,accuracy_mean\n1,0.1\nx,0.2\n", "the round column holds something other than whole numbers"),
+    ("round,accuracy_mean\n1,0.1\n2,inf\n", "accuracy_mean holds values outside 0..1"),
+    ("round,accuracy_mean\n1,0.1\n2,37.5\n", "accuracy_mean holds values outside 0..1"),
+]
+
+
+@pytest.mark.parametrize("content, pattern", BAD_METRICS)
+def test_missing_or_damaged_metrics_are_one_line_usage_errors(tmp_path, content, pattern):
+    _run(tmp_path / "a/fedavg/0", "a", "fedavg", 0, [0.1, 0.2])
+    _run(tmp_path / "a/fedavg/1", "a", "fedavg", 1, [0.3, 0.4])
+    bad = tmp_path / "a/fedavg/1/metrics.csv"
+    if content is None:
+        bad.unlink()
+    elif isinstance(content, bytes):
+        bad.write_bytes(content)
+    else:
+        bad.write_text(content)
+    with pytest.raises(UsageError, match=pattern) as err:
+        load_curves([tmp_path])
+    assert str(bad) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_rounds_without_accuracy_are_left_out(tmp_path):
+    _run(tmp_path / "a/fedavg/0", "a", "fedavg", 0, [None, 0.2, None, 0.4])  # fl.eval_every = 2
+    assert load_curves([tmp_path])["round"].tolist() == [2, 4]
+
+
+def test_a_path_that_does_not_exist_is_named(tmp_path):
+    _run(tmp_path / "a/fedavg/0", "a", "fedavg", 0, [0.1])
+    with pytest.raises(UsageError, match=f"^{tmp_path / 'b'} does not exist"):
+        load_curves([tmp_path / "a", tmp_path / "b"])

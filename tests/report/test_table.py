@@ -55,3 +55,71 @@ def test_no_runs_and_old_summaries_are_usage_errors(tmp_path):
     (tmp_path / "old" / "summary.json").write_text(json.dumps({"scenario": "a", "method": "m", "seed": 0}))
     with pytest.raises(UsageError, match="old"):
         collect([tmp_path / "old"])
+
+
+def _edit(**changes):
+    """A change to a valid summary's fields; a value of ... deletes the key."""
+    def change(doc):
+        for key, value in changes.items():
+            if value is ...:
+                del doc[key]
+            else:
+                doc[key] = value
+        return json.dumps(doc)
+    return change
+
+
+BAD_SUMMARIES = [  # (change of a valid summary's document to the file's text, what the message says)
+    (lambda doc: "", r"cannot read run summary .*Expecting value"),
+    (lambda doc: json.dumps(doc)[:40], "cannot read run summary"),
+    (lambda doc: "[1, 2]", "holds an array, not a JSON object"),
+    (lambda doc: "0.5", "holds a number, not a JSON object"),
+    (_edit(accuracy=...), "lacks 'accuracy'"),
+    (_edit(protocol=...), "lacks 'protocol'"),
+    (_edit(accuracy="0.5"), r"accuracy: input should be a valid number \(got '0.5'\)"),
+    (_edit(accuracy_mean=True), "accuracy_mean: input should be a valid number"),
+    (_edit(accuracy_best_mean=float("nan")), "accuracy_best_mean: input should be a finite number"),
+    (_edit(accuracy_weighted=None), "accuracy_weighted: input should be a valid number"),
+    (_edit(accuracy=1.5), "accuracy: input should be less than or equal to 1"),
+    (_edit(seed=[0]), r"seed: input should be a valid integer \(got \[0\]\)"),
+    (_edit(seed="0"), "seed: input should be a valid integer"),
+    (_edit(scenario=3), "scenario: input should be a valid string"),
+    (_edit(bytes_total=-1), "bytes_total: input should be greater than or equal to 0"),
+    (_edit(rounds=2.5), "rounds: input should be a valid integer"),
+    (_edit(protocol="shared"), "protocol: input should be a valid dictionary"),
+    (_edit(protocol={"test_pool": "shared", "model": "trained"}), "protocol: lacks report"),
+    (_edit(protocol={**PROTOCOL, "report": "median"}), "protocol.report: input should be 'last'"),
+]
+
+
+@pytest.mark.parametrize("change, pattern", BAD_SUMMARIES)
+def test_damaged_summaries_are_one_line_usage_errors_naming_the_file(tmp_path, change, pattern):
+    _summary(tmp_path / "a/fedavg/0", "a", "fedavg", 0, 0.5)
+    _summary(tmp_path / "a/fedavg/1", "a", "fedavg", 1, 0.7)
+    bad = tmp_path / "a/fedavg/1/summary.json"
+    bad.write_text(change(json.loads(bad.read_text())))
+    collect([tmp_path / "a/fedavg/0"])  # the good run alone is fine
+    with pytest.raises(UsageError, match=pattern) as err:
+        collect([tmp_path])
+    message = str(err.value)
+    assert str(bad) in message and "\n" not in message
+
+
+@pytest.mark.parametrize("missing", [None, float("nan")])
+def test_a_run_without_a_reported_accuracy_is_a_nan_cell(tmp_path, missing):
+    # eval.report best_val without validation data leaves accuracy null (JSON NaN reads the same)
+    _summary(tmp_path / "a/fedavg/0", "a", "fedavg", 0, 0.5)
+    f = tmp_path / "a/fedavg/0/summary.json"
+    f.write_text(_edit(accuracy=missing)(json.loads(f.read_text())))
+    runs = collect([f])
+    assert runs["accuracy"].dtype == float and runs["accuracy"].isna().all()
+    write_tables(runs, tmp_path / "t.md", tmp_path / "t.csv")
+    assert pd.read_csv(tmp_path / "t.csv")["accuracy"].isna().all()
+
+
+def test_paths_must_exist_and_folders_named_summary_json_are_searched(tmp_path):
+    _summary(tmp_path / "summary.json/fedavg/0", "a", "fedavg", 0, 0.5)
+    assert collect([tmp_path / "summary.json"])["seed"].tolist() == [0]
+    with pytest.raises(UsageError, match=f"^{tmp_path / 'nope'} does not exist") as err:
+        collect([tmp_path / "summary.json", tmp_path / "nope"])
+    assert "\n" not in str(err.value)

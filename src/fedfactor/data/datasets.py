@@ -403,7 +403,7 @@ def _check_npz(
         _check_labels(path, yk, labels[yk], shape[0], xk)
     if headers["x"][0][0] == 0:
         raise UsageError(f"{path}: x holds no samples; it needs at least one")
-    num_classes = int(max(int(y.max()) for y in labels.values() if y.size)) + 1
+    num_classes = _count_classes(path, labels)
     c, h, w = image_shape  # type: ignore[misc]
     return DatasetInfo(NPZ_PREFIX + arg, int(c), int(h), int(w), num_classes, "none")
 
@@ -417,6 +417,28 @@ def _check_labels(path: Path, key: str, y: np.ndarray, n: int, x_key: str) -> No
         raise UsageError(f"{path}: {x_key} has {n} samples but {key} has {len(y)} labels; they must match")
     if len(y) and int(y.min()) < 0:
         raise UsageError(f"{path}: {key} holds the negative label {int(y.min())}; labels must be 0..K-1")
+
+
+def _count_classes(path: Path, labels: dict[str, np.ndarray]) -> int:
+    """K = the largest label + 1, once every class 0..K-1 is known to have a sample.
+
+    The model gets K outputs, so a stray label (200000 among digits) must not make it 200001.
+    """
+    # labels are already known to be non-negative, so uint64 holds them all (mixing int64 and
+    # uint64 arrays would give float64)
+    present = np.unique(np.concatenate([y.astype(np.uint64) for y in labels.values()]))
+    largest = int(present[-1])
+    if len(present) <= largest:
+        raise UsageError(
+            f"{path}: {largest + 1 - len(present)} of the {largest + 1} classes 0..{largest} have no "
+            f"sample in y or y_test (the largest label is {largest}); number the classes 0..K-1 without gaps"
+        )
+    if largest == 0:
+        raise UsageError(
+            f"{path}: every label is 0; a dataset needs at least two classes (with one, every "
+            "prediction would be right)"
+        )
+    return largest + 1
 
 
 def _as_nchw(x: np.ndarray) -> np.ndarray:

@@ -22,7 +22,7 @@ import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 from pydantic import ValidationError
@@ -125,13 +125,109 @@ class Partition:
             )
         )
 
-    def check_labels(self, y: np.ndarray) -> None:
+    def check_labels(self, y: np.ndarray, source: str = "partition") -> None:
         """Refuse labels other than the ones this partition was made from."""
         if labels_sha1(y) != self.meta.get("labels_sha1"):
             raise UsageError(
-                "the labels do not match the ones this partition was made from "
+                f"{source}: the labels do not match the ones this partition was made from "
                 "(labels_sha1 differs); rebuild the partition for this dataset"
             )
+
+    def validate(self, y: np.ndarray, source: str = "partition") -> None:
+        """Refuse a partition that does not fit the labels y, naming `source` and the first problem.
+
+        `load` checks only the file's structure. An edited or foreign file could still hold an
+        index past the data (a crash mid-run) or a negative one (numpy would silently take a
+        sample from the end), a test sample inside train (inflated accuracy), or a sample outside
+        its client's task (target -1, another crash mid-run).
+        """
+        y = np.asarray(y)
+        n, label_maps = len(y), np.asarray(self.label_maps)
+
+        def fail(problem: str) -> NoReturn:
+            raise UsageError(
+                f"{source}: {problem}; delete the partition file and create it again with "
+                "`fedfactor partition`"
+            )
+
+        named = [(f"client {k}'s {s}", c[s]) for k, c in enumerate(self.clients) for s in SPLITS]
+        named += [(f"the pooled {s}", pool) for s, pool in self.pools.items()]
+        for what, idx in named:
+            bad = idx[(idx < 0) | (idx >= n)]
+            if bad.size:
+                fail(
+                    f"{what} split holds the index {bad[0]}, outside 0..{n - 1} "
+                    f"(the dataset has N={n} samples)"
+                )
+
+        for k, c in enumerate(self.clients):
+            for a, b in (("train", "test"), ("train", "val"), ("val", "test")):
+                shared = np.intersect1d(c[a], c[b])
+                if shared.size:
+                    fail(
+                        f"client {k}'s {a} and {b} splits share {shared.size} indices "
+                        f"(e.g. {shared[0]}); a sample scored on must never be trained on"
+                    )
+        train, owner = self._stacked("train")
+        for s, pool in self.pools.items():
+            in_pool = np.zeros(n, dtype=bool)
+            in_pool[pool] = True
+            leaked = in_pool[train]
+            if leaked.any():
+                k = owner[leaked.argmax()]
+                fail(
+                    f"client {k}'s train split shares {in_pool[self.clients[k]['train']].sum()} "
+                    f"indices with the pooled {s} split, on which every client is scored"
+                )
+        empty = [k for k, c in enumerate(self.clients) if len(c["train"]) == 0]
+        if empty:
+            fail(f"client {empty[0]} has an empty train split")
+
+        n_orig = int(y.max()) + 1 if n else 0
+        rows, columns = label_maps.shape if label_maps.ndim == 2 else (-1, -1)
+        if rows != self.num_clients or columns < n_orig:
+            fail(
+                f"label_maps has shape {list(label_maps.shape)}, but it needs one row per client "
+                f"({self.num_clients}) and a column for each of the dataset's {n_orig} classes"
+            )
+        bad = np.argwhere((label_maps < -1) | (label_maps >= self.num_classes))
+        if bad.size:
+            k, c = bad[0]
+            fail(
+                f"client {k}'s label map sends class {c} to {label_maps[k, c]}; a target must be "
+                f"0..{self.num_classes - 1}, or -1 for a class outside the client's task"
+            )
+        # two classes on one model output could never be told apart
+        ordered = np.sort(label_maps, axis=1)
+        twice = np.argwhere((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0))
+        if twice.size:
+            k, j = twice[0]
+            fail(f"client {k}'s label map sends more than one class to target {ordered[k, j]}")
+        # the model has one output per class of the largest task; more would never be trained
+        largest = int((label_maps >= 0).sum(axis=1).max())
+        if largest != self.num_classes:
+            fail(
+                f"num_classes is {self.num_classes} but the largest client task has {largest} "
+                "classes; they must be equal"
+            )
+
+        for s in SPLITS:
+            idx, owner = self._stacked(s)
+            outside = label_maps[owner, y[idx]] < 0
+            if outside.any():
+                i = outside.argmax()
+                k = owner[i]
+                fail(
+                    f"client {k}'s {s} split holds {outside[owner == k].sum()} samples outside "
+                    f"its task (e.g. index {idx[i]} of class {y[idx[i]]}, which its label map "
+                    "sends to -1)"
+                )
+
+    def _stacked(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """Every client's `split` indices in one array, and the client each one belongs to."""
+        parts = [c[split] for c in self.clients]
+        owner = np.repeat(np.arange(len(parts)), [len(p) for p in parts])
+        return np.concatenate([np.empty(0, np.int64), *parts]), owner
 
     def targets(self, y: np.ndarray, client: int, split: str) -> np.ndarray:
         """The model targets of one client's split: its label map applied to the original labels."""
@@ -187,7 +283,8 @@ class Partition:
             raise UsageError(
                 f"partition file {str(path)!r} does not exist; create it first"
             ) from None
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        # ValueError covers bad JSON and bad UTF-8 too; OverflowError is an int beyond int64
+        except (OSError, ValueError, OverflowError, KeyError, TypeError, AttributeError) as e:
             reason = " ".join(str(e).split())  # the message must stay on one line
             raise UsageError(
                 f"partition file {str(path)!r} is not a valid partition file ({reason}); "
@@ -202,11 +299,11 @@ class Partition:
                 f"{FORMAT_VERSION}"
             )
         num_clients, num_classes = doc["num_clients"], doc["num_classes"]
-        label_maps = np.asarray(doc["label_maps"], dtype=np.int64)
+        if not (_is_int(num_clients) and _is_int(num_classes)) or min(num_clients, num_classes) < 1:
+            raise ValueError("num_clients and num_classes must be integers >= 1")
+        label_maps = _int_array(doc["label_maps"], 2, "label_maps must be lists of integers")
         clients = [{s: _index_list(c[s]) for s in SPLITS} for c in doc["clients"]]
-        if not isinstance(num_clients, int) or not isinstance(num_classes, int):
-            raise ValueError("num_clients and num_classes must be integers")
-        if len(clients) != num_clients or label_maps.ndim != 2 or len(label_maps) != num_clients:
+        if len(clients) != num_clients or len(label_maps) != num_clients:
             raise ValueError("client lists do not match num_clients")
         if not isinstance(doc["pools"], dict) or set(doc["pools"]) != set(POOLED_SPLITS):
             raise ValueError(f"pools must have exactly the keys {', '.join(POOLED_SPLITS)}")
@@ -216,12 +313,17 @@ class Partition:
         return cls(num_clients, num_classes, clients, label_maps, pools, doc["meta"])
 
 
+def _int_array(values: Any, ndim: int, problem: str) -> np.ndarray:
+    # np.asarray(..., dtype=int64) would silently turn 1.5 and true into 1 and "3" into 3, so every
+    # parsed JSON value must itself be an int (bool is a subclass of int, hence `type(v) is int`)
+    array = np.asarray(values, dtype=object)
+    if array.ndim != ndim or not all(type(v) is int for v in array.flat):
+        raise ValueError(problem)
+    return array.astype(np.int64)  # an int beyond int64 raises OverflowError
+
+
 def _index_list(values: Any) -> np.ndarray:
-    indices = np.asarray(values)
-    # np.asarray(..., dtype=int64) would silently truncate 1.5 to 1, so check the dtype instead
-    if indices.ndim != 1 or (len(indices) and not np.issubdtype(indices.dtype, np.integer)):
-        raise ValueError("indices must be flat lists of integers")
-    return indices.astype(np.int64)
+    return _int_array(values, 1, "indices must be flat lists of integers")
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,28 +9,43 @@ from .state import State, nbytes
 
 @dataclass
 class CommMeter:
-    up: int = 0  # client -> server, cumulative bytes
-    down: int = 0  # server -> client, cumulative bytes
-    round_up: int = 0
+    """Bytes sent, counted per round; a round's bytes join the totals only when the round ends.
+
+    A round interrupted half-way (SIGTERM) is discarded with `discard_round`, so the totals always
+    belong to the last completed round, the one a checkpoint holds.
+    """
+
+    up: int = 0  # client -> server, cumulative over completed rounds
+    down: int = 0  # server -> client, cumulative over completed rounds
+    round_up: int = 0  # the round in progress
     round_down: int = 0
-    history: list[tuple[int, int]] = field(default_factory=list)  # (up, down) per finished round
+    history: list[tuple[int, int]] = field(default_factory=list)  # (up, down) per completed round
 
     def upload(self, payload: State) -> State:
-        n = nbytes(payload)
-        self.up += n
-        self.round_up += n
+        self.round_up += nbytes(payload)
         return payload
 
     def download(self, payload: State) -> State:
-        n = nbytes(payload)
-        self.down += n
-        self.round_down += n
+        self.round_down += nbytes(payload)
         return payload
 
     def end_round(self) -> None:
+        self.up += self.round_up
+        self.down += self.round_down
         self.history.append((self.round_up, self.round_down))
+        self.discard_round()
+
+    def discard_round(self) -> None:
         self.round_up = self.round_down = 0
 
     @property
     def total(self) -> int:
         return self.up + self.down
+
+    def state_dict(self) -> dict:
+        return {"up": self.up, "down": self.down, "history": [list(h) for h in self.history]}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.up, self.down = int(d["up"]), int(d["down"])
+        self.history = [(int(u), int(v)) for u, v in d["history"]]
+        self.discard_round()

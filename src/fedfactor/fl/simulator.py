@@ -8,6 +8,7 @@ way for every method, so no method can score itself differently.
 
 from __future__ import annotations
 
+import random
 import re
 import sys
 import time
@@ -23,13 +24,12 @@ from ..data import Partition, dataset_info, load_dataset, make_partition, make_s
 from ..data.augment import AUGMENT_KINDS
 from ..data.partition import SPLITS, task_label_maps
 from ..devices import resolve_device
-from ..errors import UsageError
+from ..errors import Interrupted, RunFailed, UsageError
 from ..methods import METHODS, Context
 from ..models import build_model
 from .comm import CommMeter
 from .state import State, clone
-from .train import Optim, Phase, Split, Trainer
-
+from .train import Diverged, Optim, Phase, Split, Trainer
 
 
 def derive_seed(*parts: int) -> int:
@@ -97,6 +97,23 @@ class RoundRecord:
     val: Scores | None = None  # None when not evaluated or no client has validation data
     diagnostics: dict[str, float] = field(default_factory=dict)  # a method's scalars
     arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # a method's matrices
+    skipped: list[int] = field(default_factory=list)  # clients whose diverged update was dropped
+
+    def to_dict(self) -> dict:
+        """Plain numbers and lists (arrays are on disk already), for a weights_only checkpoint."""
+        scores = lambda s: None if s is None else {  # noqa: E731
+            "correct": s.correct.tolist(), "count": s.count.tolist(), "loss": float(s.loss)}
+        return {"round": self.round, "train_loss": self.train_loss, "bytes_up": self.bytes_up,
+                "bytes_down": self.bytes_down, "bytes_up_round": self.bytes_up_round,
+                "bytes_down_round": self.bytes_down_round, "elapsed_seconds": self.elapsed_seconds,
+                "test": scores(self.test), "val": scores(self.val), "diagnostics": dict(self.diagnostics),
+                "skipped": list(self.skipped)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RoundRecord:
+        scores = lambda s: None if s is None else Scores(  # noqa: E731
+            np.asarray(s["correct"], dtype=np.int64), np.asarray(s["count"], dtype=np.int64), s["loss"])
+        return cls(**{**d, "test": scores(d["test"]), "val": scores(d["val"])})
 
     def metrics(self) -> dict[str, float]:
         """The row of metrics.csv and the metrics MLflow gets at step = round."""
@@ -104,6 +121,7 @@ class RoundRecord:
             "round": self.round, "train_loss": self.train_loss, "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down, "bytes_up_round": self.bytes_up_round,
             "bytes_down_round": self.bytes_down_round, "elapsed_seconds": self.elapsed_seconds,
+            "skipped_clients": len(self.skipped),
         }
         for prefix, s in (("", self.test), ("val_", self.val)):
             if s is not None:
@@ -162,7 +180,8 @@ class Simulator:
         self.params_total = sum(p.numel() for p in self.model.parameters())
         fl = cfg.fl
         optim = Optim(fl.optimizer, fl.lr, fl.momentum, fl.weight_decay)
-        self.trainer = Trainer(self.model, self.x, fl.batch_size, self.augment, optim)
+        self.trainer = Trainer(self.model, self.x, fl.batch_size, self.augment, optim, fl.max_loss)
+        self.trainer.check_interrupt = self._check_interrupt
         head = getattr(self.model, "head_name", "head") + "."
         params = [k for k, _ in self.model.named_parameters()]
         buffers = [k for k, b in self.model.named_buffers() if b.is_floating_point()]
@@ -186,6 +205,11 @@ class Simulator:
         self.states: list[State] = [self.method.init_client(k, init) for k in range(K)]
         self.server = self.method.init_server(init)
         self.meter = CommMeter()
+        self.round = 0  # the last completed round: what a checkpoint holds
+        self.records: list[RoundRecord] = []
+        # Set (from a signal handler) to the number of a stop signal; the loop stops at the next
+        # training step with the last completed round intact.
+        self.stop_signal: int | None = None
         self._generators: dict[int, torch.Generator] = {}
         self._scalars: dict[str, float] = {}
         self._arrays: dict[str, np.ndarray] = {}
@@ -205,11 +229,18 @@ class Simulator:
         y = ds.y.cpu().numpy()
         if cfg.partition.file:
             self.partition = self._read_partition()
-            self.partition.check_labels(y)
+            self.partition.check_labels(y, str(cfg.partition.file))
+            self.partition.validate(y, str(cfg.partition.file))
         else:
             self.partition = build_partition(cfg, y, ds.n_official_train, num_classes)
         self.x = ds.x
         self.clients = [{s: self._split(y, k, s) for s in SPLITS} for k in range(cfg.fl.clients)]
+        empty = [k for k, c in enumerate(self.clients) if len(c["test"]) == 0]
+        if empty:
+            # Scoring such a client 0 (or leaving it out) would bias every mean silently.
+            raise UsageError(f"client {empty[0]} ({len(empty)} of {cfg.fl.clients} in all) has no test samples under "
+                             f"eval.test_pool={cfg.eval.test_pool}; give the test split a larger share "
+                             "(data.split, partition.samples_per_client.test) or use fewer clients")
         if cfg.eval.report == "best_val" and not any(len(c["val"]) for c in self.clients):
             raise UsageError("eval.report best_val needs validation data, but every client's val split is empty; "
                              "give data.split (or partition.samples_per_client.val) a val share, or report last/best")
@@ -257,24 +288,50 @@ class Simulator:
         rng = np.random.default_rng(derive_seed(self.cfg.seed, rnd, 2**31))
         return sorted(rng.choice(K, size=m, replace=False).tolist())
 
-    def run_round(self, rnd: int) -> float:
-        """One round: sampled clients download, train and upload; the server aggregates."""
+    def _check_interrupt(self) -> None:
+        if self.stop_signal is not None:
+            raise Interrupted(self.stop_signal)
+
+    def run_round(self, rnd: int) -> tuple[float, list[int]]:
+        """One round: sampled clients download, train and upload; the server aggregates.
+
+        Nothing is committed until the round is complete: clients' new states, the server and the
+        meter change together at the end, so an interrupted round leaves the previous one intact.
+        Returns the mean training loss and the clients whose diverged update was skipped.
+        """
         self.ctx.round = rnd
         self._generators, self._scalars, self._arrays = {}, {}, {}
+        trained: dict[int, State] = {}
         uploads: dict[int, State] = {}
-        losses = []
-        for k in self.sample(rnd):
-            payload = self.meter.download(self.method.download(self.server, k))
-            state = self.method.receive(k, self.states[k], payload)
-            if not self.dry_run:
-                state, loss = self.method.local_train(k, state, payload)
-                losses.append(loss)
+        losses, skipped = [], []
+        try:
+            for k in self.sample(rnd):
+                self._check_interrupt()
+                payload = self.meter.download(self.method.download(self.server, k))
+                state = self.method.receive(k, self.states[k], payload)
+                if not self.dry_run:
+                    try:
+                        state, loss = self.method.local_train(k, state, payload)
+                    except Diverged as e:
+                        if self.cfg.fl.on_divergence == "stop":
+                            raise RunFailed(f"round {rnd}, client {k}: {e}; lower fl.lr, or set "
+                                            "fl.on_divergence=skip to drop such updates and go on") from None
+                        skipped.append(k)
+                        continue
+                    losses.append(loss)
+                trained[k] = state
+                uploads[k] = self.meter.upload(self.method.upload(k, state))
+            weights = {k: float(self.ctx.train_sizes[k]) for k in uploads}
+            server = self.method.aggregate(self.server, uploads, weights)
+        except BaseException:
+            self.meter.discard_round()
+            raise
+        for k, state in trained.items():
             self.states[k] = state
-            uploads[k] = self.meter.upload(self.method.upload(k, state))
-        weights = {k: float(self.ctx.train_sizes[k]) for k in uploads}
-        self.server = self.method.aggregate(self.server, uploads, weights)
+        self.server = server
         self.meter.end_round()
-        return float(np.nanmean(losses)) if losses and not np.all(np.isnan(losses)) else float("nan")
+        loss = float(np.nanmean(losses)) if losses and not np.all(np.isnan(losses)) else float("nan")
+        return loss, skipped
 
     def scored_state(self, k: int) -> State:
         """The state client k is scored with under `eval.model`."""
@@ -312,26 +369,66 @@ class Simulator:
                                  f"({str(e).splitlines()[0][:120]}); run `fedfactor train` and read bytes_total "
                                  "from its summary.json") from None
             return []
-        records: list[RoundRecord] = []
         has_val = any(len(c["val"]) for c in self.clients)
-        start = time.perf_counter()
-        bar = tqdm(range(1, R + 1), desc=f"{self.cfg.method['name']}", unit="round",
-                   disable=not sys.stderr.isatty(), leave=False)
+        # A resumed run goes on from its last completed round, its clock from that round's time.
+        start = time.perf_counter() - (self.records[-1].elapsed_seconds if self.records else 0.0)
+        bar = tqdm(range(self.round + 1, R + 1), desc=f"{self.cfg.method['name']}", unit="round",
+                   initial=self.round, total=R, disable=not sys.stderr.isatty(), leave=False)
         for rnd in bar:
-            train_loss = self.run_round(rnd)
+            train_loss, skipped = self.run_round(rnd)
             scored = {}
             if rnd % self.cfg.fl.eval_every == 0 or rnd == R:
                 scored = self.evaluate(("test", "val") if has_val else ("test",))
             test, val = scored.get("test"), scored.get("val")
             up, down = self.meter.history[-1]
             rec = RoundRecord(rnd, train_loss, self.meter.up, self.meter.down, up, down,
-                              time.perf_counter() - start, test, val, dict(self._scalars), dict(self._arrays))
-            records.append(rec)
+                              time.perf_counter() - start, test, val, dict(self._scalars), dict(self._arrays),
+                              skipped)
+            self.records.append(rec)
+            self.round = rnd
             if test is not None:
                 bar.set_postfix(acc=f"{test.mean:.3f}")
             if on_round is not None:
                 on_round(rec)
-        return records
+        return self.records
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything the next round depends on, as tensors, numbers and lists (weights_only-loadable).
+
+        Per-round random streams are derived from (seed, round, client), so they need no saving; the
+        global ones are saved for any code that draws from them.
+        """
+        np_state = np.random.get_state()
+        return {
+            "round": self.round,
+            "states": self.states,
+            "server": self.server,
+            "meter": self.meter.state_dict(),
+            "records": [r.to_dict() for r in self.records],
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+                "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+                "python": random.getstate(),
+            },
+        }
+
+    def load_state_dict(self, ckpt: dict) -> None:
+        if len(ckpt["states"]) != len(self.states):
+            raise UsageError(f"the checkpoint holds {len(ckpt['states'])} clients, the config {len(self.states)}")
+        self.round = int(ckpt["round"])
+        self.states = list(ckpt["states"])
+        self.server = ckpt["server"]
+        self.meter.load_state_dict(ckpt["meter"])
+        self.records = [RoundRecord.from_dict(r) for r in ckpt["records"]]
+        rng = ckpt["rng"]
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        name, key, *rest = rng["numpy"]
+        np.random.set_state((name, key.numpy().astype(np.uint32), *rest))
+        random.setstate(rng["python"])
 
 
 # What each accuracy in summary.json means; written into the summary so no reader has to guess.
@@ -368,6 +465,7 @@ def summarize(records: list[RoundRecord], report: str) -> dict[str, Any]:
         "accuracy_at_best_val": best_val.test.mean if best_val else None,
         "best_val_round": best_val.round if best_val else None,
         "val_accuracy_best": best_val.val.mean if best_val else None,
+        "skipped_updates": [[r.round, k] for r in records for k in r.skipped],
     }
     picked = {"last": ("accuracy_mean", last), "best": ("accuracy_best_mean", best),
               "best_weighted": ("accuracy_best_weighted", best_w), "best_val": ("accuracy_at_best_val", best_val)}

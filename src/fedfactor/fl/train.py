@@ -73,16 +73,30 @@ class Phase:
             raise ValueError("a Phase's epochs and steps must be >= 0")
 
 
+class Diverged(Exception):
+    """A client's mean training loss was NaN, infinite or above the run's max_loss."""
+
+    def __init__(self, loss: float, max_loss: float):
+        self.loss = loss
+        reason = "not finite" if not math.isfinite(loss) else f"above fl.max_loss={max_loss:g}"
+        super().__init__(f"mean training loss {loss:.4g} is {reason}")
+
+
 class Trainer:
     """Runs phases and evaluations for any client on the shared model; holds no client state."""
 
-    def __init__(self, model: torch.nn.Module, x: torch.Tensor, batch_size: int, augment: str, optim: Optim):
+    def __init__(self, model: torch.nn.Module, x: torch.Tensor, batch_size: int, augment: str, optim: Optim,
+                 max_loss: float = math.inf):
         self.model = model
         self.x = x
         self.batch_size = batch_size
         self.augment = augment
         self.optim = optim
+        self.max_loss = max_loss
         self.model_keys = list(model.state_dict())
+        # Called before every training step; the simulator sets it to raise Interrupted when a stop
+        # signal arrived, so a long local epoch does not outlast a cluster's grace period.
+        self.check_interrupt: Callable[[], None] = lambda: None
 
     def batches(self, split: Split, generator: torch.Generator, epochs: int | None = None,
                 steps: int | None = None) -> Iterator[Batch]:
@@ -114,8 +128,14 @@ class Trainer:
             loss_sum, n = self._run(phase, split, generator, out)
             total += loss_sum
             steps += n
+        if not steps:
+            return out, float("nan")
+        mean = (total / steps).item()
+        # The sum carries any NaN or inf of any step, so one check per client catches them all.
+        if not math.isfinite(mean) or mean > self.max_loss:
+            raise Diverged(mean, self.max_loss)
         out.update(clone(self.model.state_dict()))
-        return out, (total / steps).item() if steps else float("nan")
+        return out, mean
 
     def _run(self, phase: Phase, split: Split, generator: torch.Generator, state: State) -> tuple[torch.Tensor, int]:
         named = dict(self.model.named_parameters())
@@ -136,6 +156,7 @@ class Trainer:
                 p.requires_grad_(n in names)
             self.model.train()
             for batch in self.batches(split, generator, phase.epochs, phase.steps):
+                self.check_interrupt()
                 logits = self.model(batch.x)
                 loss = F.cross_entropy(logits, batch.y)
                 if phase.loss is not None:

@@ -3,28 +3,48 @@
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import pandas as pd
 
 from ..errors import UsageError
 from ..io import atomic_write_bytes
+from .runs import RunKey, find_summaries, read_summary
 
 
 def load_curves(paths: list[str | Path]) -> pd.DataFrame:
     """Every run's metrics.csv, tagged with the scenario, method and seed of its summary.json."""
     frames = []
-    for p in map(Path, paths):
-        summaries = sorted(p.rglob("summary.json")) if p.is_dir() else [p]
-        for s in summaries:
-            meta = json.loads(s.read_text())
-            m = pd.read_csv(s.parent / "metrics.csv")
-            frames.append(m.assign(scenario=meta["scenario"], method=meta["method"], seed=meta["seed"]))
-    if not frames:
-        raise UsageError(f"no runs (summary.json + metrics.csv) found in {', '.join(map(str, paths))}")
+    for s in find_summaries(paths):
+        run = read_summary(s, RunKey)
+        frames.append(_read_metrics(s.parent / "metrics.csv").assign(
+            scenario=run.scenario, method=run.method, seed=run.seed))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _read_metrics(path: Path) -> pd.DataFrame:
+    """The evaluated rounds of one metrics.csv: round and accuracy_mean, checked."""
+    fix = "the run did not finish or the file is damaged: re-run it"
+    try:
+        m = pd.read_csv(path)
+    except FileNotFoundError:
+        raise UsageError(f"{path} does not exist, though its run has a summary.json; {fix}") from None
+    except (OSError, ValueError) as e:  # ValueError: pandas' parser and empty-data errors, bad UTF-8
+        raise UsageError(f"cannot read {path} ({' '.join(str(e).split())}); {fix}") from None
+    missing = [c for c in ("round", "accuracy_mean") if c not in m.columns]
+    if missing:
+        raise UsageError(f"{path} has no column {' or '.join(map(repr, missing))}; {fix}")
     # Rounds that were not evaluated (fl.eval_every > 1) have training metrics but no accuracy.
-    return pd.concat(frames, ignore_index=True).dropna(subset=["accuracy_mean"])
+    m = m.dropna(subset=["accuracy_mean"])
+    if m.empty:
+        raise UsageError(f"{path} has no evaluated round (no accuracy_mean value); {fix}")
+    if not pd.api.types.is_integer_dtype(m["round"]):
+        raise UsageError(f"{path}: the round column holds something other than whole numbers; {fix}")
+    if not pd.api.types.is_numeric_dtype(m["accuracy_mean"]):
+        raise UsageError(f"{path}: accuracy_mean holds something other than numbers; {fix}")
+    if not m["accuracy_mean"].between(0, 1).all():
+        raise UsageError(f"{path}: accuracy_mean holds values outside 0..1; {fix}")
+    return m
 
 
 def accuracy_curves(curves: pd.DataFrame, out: str | Path, title: str = "") -> list[str]:

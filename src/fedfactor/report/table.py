@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
 from ..errors import UsageError
 from ..io import atomic_write_text
+from .runs import TableRun, find_summaries, read_summary
 
 
 PROTOCOL_WORDS = {
@@ -24,26 +24,13 @@ def collect(paths: list[str | Path]) -> pd.DataFrame:
 
     Runs scored under different evaluation protocols are refused: one table, one protocol.
     """
-    files: list[Path] = []
-    for p in map(Path, paths):
-        files += sorted(p.rglob("summary.json")) if p.is_dir() else [p]
-    if not files:
-        raise UsageError(f"no summary.json found in {', '.join(map(str, paths))}")
     rows = []
-    for f in files:
-        try:
-            s = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise UsageError(f"cannot read run summary {f}: {e}") from None
-        try:
-            row = {k: s[k] for k in ("scenario", "method", "seed", "accuracy", "accuracy_mean", "accuracy_best_mean",
-                                     "accuracy_weighted", "bytes_total", "rounds", "clients")}
-            protocol = s["protocol"]
-            row.update(test_pool=protocol["test_pool"], eval_model=protocol["model"], report=protocol["report"])
-        except (KeyError, TypeError) as e:
-            raise UsageError(f"run summary {f} lacks {e}; it was written by an older fedfactor: re-run it") from None
-        rows.append(row)
-    runs = pd.DataFrame(rows)
+    for f in find_summaries(paths):
+        run = read_summary(f, TableRun)
+        p = run.protocol
+        rows.append({**run.model_dump(exclude={"protocol"}), "test_pool": p.test_pool, "eval_model": p.model,
+                     "report": p.report})
+    runs = pd.DataFrame(rows).astype({"accuracy": float})  # a null accuracy becomes NaN, not None
     protocols = runs[["test_pool", "eval_model", "report"]].drop_duplicates()
     if len(protocols) > 1:
         raise UsageError("these runs were scored under different evaluation protocols ("

@@ -1,0 +1,207 @@
+"""One training job: a run folder that survives any kill and mirrors itself to MLflow.
+
+The folder is the unit of work and of truth. It holds config.yaml, metrics.csv (one row per
+completed round), diagnostics/, checkpoint.pt (every `checkpoint.every` rounds, and when SIGTERM or
+SIGINT stops the job) and, written last, summary.json, the mark of a finished run. Running the same
+command again on the folder resumes from its checkpoint; on CPU the result is identical to an
+uninterrupted run. One job at a time holds the folder (a lock), and the folder maps to one MLflow
+run, which a resume continues.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import platform
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import pandas as pd
+import torch
+import yaml
+
+from . import __version__
+from .config import Config, flatten
+from .errors import Interrupted, UsageError
+from .fl.simulator import ACCURACY_FIELDS, RoundRecord, Simulator, summarize
+from .io import (atomic_open, atomic_write_json, atomic_write_npy, atomic_write_text, folder_lock,
+                 remove_stale_temporaries)
+from .tracking import FINAL_KEYS, Tracker, run_identity
+
+log = logging.getLogger("fedfactor")
+
+CHECKPOINT = "checkpoint.pt"
+CHECKPOINT_VERSION = 1
+
+
+def check_output_folder(out: Path) -> None:
+    """Refuse an --out that cannot become a writable folder, before anything runs or is written."""
+    if out.exists():
+        if not out.is_dir():
+            raise UsageError(f"--out {out} is a file, not a folder; choose a folder path")
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise UsageError(f"--out {out} is not writable; choose a folder you can write to")
+        return
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"--out {out} lies under {parent}, which is a file; choose a folder path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot create --out {out}: {parent} is not writable")
+
+
+def fingerprint(cfg: Config) -> dict[str, Any]:
+    """What a checkpoint must agree with to be resumed: the result-determining config and partition."""
+    part = cfg.partition.file
+    digest = hashlib.sha256(Path(part).read_bytes()).hexdigest() if part else None
+    return {"config": cfg.result_dict(), "partition_sha256": digest}
+
+
+def _differences(old: dict, new: dict) -> str:
+    a, b = flatten(old.get("config", {})), flatten(new["config"])
+    keys = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    if old.get("partition_sha256") != new["partition_sha256"]:
+        keys.append("the partition file's content")
+    shown = [f"{k} {a.get(k)!r} -> {b.get(k)!r}" if k in a or k in b else k for k in keys[:3]]
+    return "; ".join(shown) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+
+def load_checkpoint(path: Path, device: torch.device) -> dict:
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+        if ckpt["version"] != CHECKPOINT_VERSION:
+            raise ValueError(f"version {ckpt['version']}, this fedfactor reads {CHECKPOINT_VERSION}")
+        return ckpt
+    except Exception as e:  # torch raises many types for a damaged or foreign file
+        reason = " ".join(str(e).split())[:200]
+        raise UsageError(f"checkpoint {path} cannot be resumed ({reason}); delete it to start the run over") from None
+
+
+@contextlib.contextmanager
+def stop_signals(sim: Simulator) -> Iterator[None]:
+    """SIGTERM (timeout, SLURM preemption) and SIGINT (Ctrl-C) stop the loop at its next training
+    step; the job then checkpoints the last completed round instead of dying mid-write."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame) -> None:
+        if sim.stop_signal is None:
+            log.warning("%s received: stopping at the next training step and checkpointing the last completed "
+                        "round", signal.Signals(signum).name)
+        sim.stop_signal = signum
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def train(cfg: Config, out: Path) -> dict[str, Any]:
+    """Run (or resume) the training `cfg` describes in folder `out`; returns the summary."""
+    check_output_folder(out)
+    sim = Simulator(cfg)  # every check on the config and the data happens here, before any output
+    out.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out):
+        return _train(cfg, out, sim)
+
+
+def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
+    remove_stale_temporaries(out)
+    (out / "summary.json").unlink(missing_ok=True)  # a stale summary must not survive a failed rerun
+    ckpt_path = out / CHECKPOINT
+    fp = fingerprint(cfg)
+    resumed = []
+    if ckpt_path.exists():
+        ckpt = load_checkpoint(ckpt_path, sim.device)
+        if ckpt["fingerprint"] != fp:
+            raise UsageError(f"{ckpt_path} belongs to a different run ({_differences(ckpt['fingerprint'], fp)}); "
+                             "use another --out, or delete the checkpoint to start over")
+        sim.load_state_dict(ckpt["simulator"])
+        resumed = [*ckpt["resumed"], sim.round]
+        log.info("resuming %s after round %d of %d", out, sim.round, cfg.fl.rounds)
+    else:
+        (out / "metrics.csv").unlink(missing_ok=True)
+    atomic_write_text(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    params, tags, run_name = run_identity(cfg, out)
+    tracker = Tracker(cfg.tracking, out, params, tags, run_name)
+    rows = [r.metrics() for r in sim.records]
+    if rows:  # rounds after the checkpoint that a killed job had written are recomputed
+        atomic_write_text(out / "metrics.csv", pd.DataFrame(rows).to_csv(index=False))
+
+    def save_checkpoint() -> None:
+        with atomic_open(ckpt_path) as f:
+            torch.save({"version": CHECKPOINT_VERSION, "fingerprint": fp, "simulator": sim.state_dict(),
+                        "resumed": resumed, "mlflow_run_id": tracker.run_id}, f)
+
+    every, R = cfg.checkpoint.every, cfg.fl.rounds
+
+    def on_round(rec: RoundRecord) -> None:
+        # One channel for everything a round produced: the loop's metrics and the method's
+        # diagnostics go to metrics.csv and MLflow, its arrays to diagnostics/<name>/.
+        row = rec.metrics()
+        rows.append(row)
+        atomic_write_text(out / "metrics.csv", pd.DataFrame(rows).to_csv(index=False))
+        for key, array in rec.arrays.items():
+            atomic_write_npy(out / "diagnostics" / key / f"round_{rec.round:04d}.npy", array)
+        tracker.log_metrics({k: v for k, v in row.items() if k != "round"}, step=rec.round)
+        if rec.skipped:
+            log.warning("%s round %d: dropped the diverged updates of clients %s", run_name, rec.round, rec.skipped)
+        if rec.test is not None and not sys.stderr.isatty():
+            log.info("%s round %d/%d: accuracy %.4f +- %.4f, up %d B, down %d B, %.1f s", run_name, rec.round, R,
+                     rec.test.mean, rec.test.std, rec.bytes_up, rec.bytes_down, rec.elapsed_seconds)
+        if (every and rec.round % every == 0 and rec.round < R) or (rec.round == R and cfg.checkpoint.keep):
+            save_checkpoint()
+
+    with stop_signals(sim):
+        try:
+            sim.run(on_round)
+        except Interrupted as e:
+            save_checkpoint()
+            tracker.end("KILLED")
+            log.warning("%s stopped by %s after round %d of %d; checkpoint written: run the same command again "
+                        "to resume", run_name, signal.Signals(e.signum).name, sim.round, R)
+            raise
+        except BaseException:
+            tracker.end("FAILED")
+            raise
+    summary = {
+        "method": cfg.method["name"],
+        "dataset": cfg.data.name,
+        "scenario": cfg.scenario,
+        "seed": cfg.seed,
+        "model": cfg.model.name,
+        "partition": cfg.partition.kind,
+        "rounds": R,
+        "clients": cfg.fl.clients,
+        "num_classes": sim.partition.num_classes,
+        "head_local": sim.head_local,
+        "protocol": cfg.eval.model_dump(),
+        **summarize(sim.records, cfg.eval.report),
+        "accuracy_fields": ACCURACY_FIELDS,
+        "bytes_up": sim.meter.up,
+        "bytes_down": sim.meter.down,
+        "bytes_total": sim.meter.total,
+        "params_total": sim.params_total,
+        "wall_seconds": sim.records[-1].elapsed_seconds,
+        "resumed_after_rounds": resumed,
+        "mlflow_run_id": tracker.run_id,
+        "device": str(sim.device),
+        "versions": {"fedfactor": __version__, "torch": torch.__version__, "python": platform.python_version()},
+        "config": cfg.to_dict(),
+    }
+    # summary.json is the job's completion marker: written last, atomically.
+    atomic_write_json(out / "summary.json", summary)
+    files = [out / "summary.json", out / "metrics.csv", out / "config.yaml", out / "diagnostics"]
+    tracker.finish({k: summary[k] for k in FINAL_KEYS if summary[k] is not None}, [f for f in files if f.exists()])
+    if not cfg.checkpoint.keep:
+        ckpt_path.unlink(missing_ok=True)
+    return summary

@@ -1,0 +1,101 @@
+"""Finished runs read back for the reports: which summary.json files, and the fields a report needs.
+
+A run folder may hold a summary a killed job, a hand edit or an older fedfactor left behind; each
+such file ends as one UsageError naming it, before any report is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any, Sequence, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from ..config import EvalConfig, validation_message
+from ..errors import UsageError
+
+_RERUN = "the run did not finish, the file is damaged or an older fedfactor wrote it: re-run it"
+
+
+class RunKey(BaseModel):
+    """What names a run: all `fedfactor curves` needs from its summary."""
+
+    # strict: a seed "1" or an accuracy true means a damaged file, not a value to coerce; the
+    # summary's other keys are simply not needed here
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+
+    scenario: str
+    method: str
+    seed: int = Field(ge=0)
+
+
+def _nan_is_null(value: Any) -> Any:
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def _all_protocol_keys(value: Any) -> Any:
+    # EvalConfig would fill a missing key with its default, but a summary records every one
+    if isinstance(value, dict):
+        missing = [k for k in EvalConfig.model_fields if k not in value]
+        if missing:
+            raise ValueError(f"lacks {', '.join(missing)}")
+    return value
+
+
+Accuracy = Annotated[float, Field(ge=0, le=1)]
+
+
+class TableRun(RunKey):
+    """The fields `fedfactor table` reads."""
+
+    # null (or NaN) when eval.report is best_val and the run had no validation data
+    accuracy: Annotated[Accuracy | None, BeforeValidator(_nan_is_null)]
+    accuracy_mean: Accuracy
+    accuracy_best_mean: Accuracy
+    accuracy_weighted: Accuracy
+    bytes_total: float = Field(ge=0)
+    rounds: int = Field(ge=1)
+    clients: int = Field(ge=1)
+    protocol: Annotated[EvalConfig, BeforeValidator(_all_protocol_keys)]
+
+
+Run = TypeVar("Run", bound=RunKey)
+
+
+def find_summaries(paths: Sequence[str | Path]) -> list[Path]:
+    """The summary.json files among `paths`; folders are searched recursively."""
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(p.rglob("summary.json"))
+        elif p.exists():
+            files.append(p)
+        else:
+            raise UsageError(f"{p} does not exist; pass run folders or their summary.json files")
+    if not files:
+        raise UsageError(
+            f"no summary.json found in {', '.join(map(str, paths))}; pass folders of finished runs"
+        )
+    return files
+
+
+def read_summary(path: Path, schema: type[Run]) -> Run:
+    """The fields `schema` declares, read from the summary.json at `path` and checked."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: bad JSON or bad UTF-8
+        reason = " ".join(str(e).split())
+        raise UsageError(f"cannot read run summary {path} ({reason}); {_RERUN}") from None
+    if not isinstance(doc, dict):
+        kind = {list: "an array", str: "a string", bool: "true/false", type(None): "null"}.get(type(doc), "a number")
+        raise UsageError(f"run summary {path} holds {kind}, not a JSON object; {_RERUN}")
+    try:
+        return schema.model_validate(doc)
+    except ValidationError as err:
+        first = err.errors()[0]
+        if first["type"] == "missing":
+            key = ".".join(map(str, first["loc"]))
+            raise UsageError(f"run summary {path} lacks {key!r}; {_RERUN}") from None
+        raise UsageError(f"run summary {path}: {validation_message(err)}; {_RERUN}") from None

@@ -1,0 +1,272 @@
+"""A training job survives any kill: resume gives the uninterrupted result, for every method."""
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from fedfactor.config import load_config
+from fedfactor.errors import Interrupted, RunFailed, UsageError
+from fedfactor.fl.simulator import Simulator
+from fedfactor.fl.train import Trainer
+from fedfactor.job import CHECKPOINT, check_output_folder, train
+from fedfactor.methods import METHODS
+
+from .conftest import TINY
+
+ROUNDS = 4
+# What legitimately differs between an interrupted and an uninterrupted run: time and the record
+# of the interruption itself.
+TIMING = {"wall_seconds", "resumed_after_rounds"}
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL: nothing of the job's own cleanup runs except what `finally` does."""
+
+
+def _cfg(method, *extra):
+    sets = [*TINY, f"fl.rounds={ROUNDS}", "checkpoint.every=2", f"method.name={method}", *extra]
+    return load_config(None, sets)
+
+
+def _fit_calls(monkeypatch, on_call):
+    """Count Trainer.fit calls and let `on_call(n)` act before the n-th one."""
+    calls = {"n": 0}
+    original = Trainer.fit
+
+    def fit(self, *args, **kwargs):
+        calls["n"] += 1
+        on_call(calls["n"])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "fit", fit)
+    return calls
+
+
+def _result(out):
+    summary = json.loads((out / "summary.json").read_text())
+    metrics = pd.read_csv(out / "metrics.csv").drop(columns="elapsed_seconds")
+    return {k: v for k, v in summary.items() if k not in TIMING}, metrics
+
+
+@pytest.mark.parametrize("kill", ["sigkill", "sigterm"])
+@pytest.mark.parametrize("method", METHODS.names())
+def test_every_method_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch, method, kill):
+    cfg = _cfg(method)
+    calls = _fit_calls(monkeypatch, lambda n: None)
+    train(cfg, tmp_path / "whole")
+    expected = _result(tmp_path / "whole")
+    total = calls["n"]
+
+    # Kill at a random training step of a random round (seeded per case, so a failure reproduces).
+    at = random.Random(f"{method}-{kill}").randint(1, total)
+
+    def strike(n):
+        if n != at:
+            return
+        if kill == "sigkill":
+            raise Killed
+        signal.raise_signal(signal.SIGTERM)  # the job's handler turns it into a checkpoint and a stop
+
+    out = tmp_path / "killed"
+    _fit_calls(monkeypatch, strike)
+    with pytest.raises(Killed if kill == "sigkill" else Interrupted):
+        train(cfg, out)
+    assert not (out / "summary.json").exists()
+    (out / ".metrics.csv.x1y2.tmp").write_text("half a file")  # what a real SIGKILL mid-write leaves
+    _fit_calls(monkeypatch, lambda n: None)
+    summary = train(cfg, out)
+    assert _result(out)[0] == expected[0]
+    pd.testing.assert_frame_equal(_result(out)[1], expected[1])
+    assert not list(out.rglob("*.tmp")) and not (out / CHECKPOINT).exists()
+    if kill == "sigterm":  # SIGTERM checkpoints the last completed round, so no round is lost
+        assert summary["resumed_after_rounds"] == [(at - 1) // (total // ROUNDS)]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the job put the handlers back
+
+
+def test_checkpoint_loads_weights_only_and_is_kept_on_request(tmp_path):
+    cfg = _cfg("fedprox", "checkpoint.keep=true", "fl.momentum=0.9")
+    train(cfg, tmp_path)
+    ckpt = torch.load(tmp_path / CHECKPOINT, weights_only=True)
+    assert ckpt["simulator"]["round"] == ROUNDS and len(ckpt["simulator"]["states"]) == 4
+    # A finished run's checkpoint resumes to the same summary without training again.
+    first = _result(tmp_path)
+    calls = {"n": 0}
+    with pytest.MonkeyPatch.context() as mp:
+        _fit_calls(mp, lambda n: calls.update(n=n))
+        train(cfg, tmp_path)
+    assert calls["n"] == 0 and _result(tmp_path)[0] == first[0]
+
+
+def test_resuming_with_another_config_or_a_damaged_checkpoint_is_refused(tmp_path, monkeypatch):
+    cfg = _cfg("fedavg")
+    _fit_calls(monkeypatch, lambda n: (_ for _ in ()).throw(Killed) if n == 12 else None)
+    with pytest.raises(Killed):
+        train(cfg, tmp_path)
+    assert (tmp_path / CHECKPOINT).exists()
+    with pytest.raises(UsageError, match=r"different run \(fl.lr 0.05 -> 0.1\)"):
+        train(_cfg("fedavg", "fl.lr=0.1"), tmp_path)
+    # Where results are mirrored and how often they are checkpointed do not matter.
+    monkeypatch.undo()
+    train(_cfg("fedavg", "checkpoint.every=3"), tmp_path)
+    (tmp_path / CHECKPOINT).write_bytes(b"not a checkpoint")
+    with pytest.raises(UsageError, match="cannot be resumed"):
+        train(cfg, tmp_path)
+
+
+def test_same_seed_same_run_other_seed_other_run(tmp_path):
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        train(load_config(None, [*TINY, f"seed={seed}"]), tmp_path / name)
+    a, b, c = (_result(tmp_path / n) for n in "abc")
+    assert a[0] == b[0]
+    pd.testing.assert_frame_equal(a[1], b[1])
+    assert a[1]["accuracy_mean"].tolist() != c[1]["accuracy_mean"].tolist()
+
+
+def test_a_diverging_loss_stops_the_run_naming_round_and_client(tmp_path):
+    with pytest.raises(RunFailed, match=r"round 1, client 0: mean training loss \S+ is (not finite|above)"):
+        train(load_config(None, [*TINY, "fl.lr=1e6", "fl.momentum=0"]), tmp_path / "stop")
+    assert not (tmp_path / "stop" / "summary.json").exists()
+
+
+def test_a_diverging_client_can_be_skipped_and_is_recorded(tmp_path):
+    # A client past max_loss is dropped; a tiny max_loss makes every client "diverge".
+    summary = train(load_config(None, [*TINY, "fl.max_loss=1e-9", "fl.on_divergence=skip"]), tmp_path)
+    assert summary["skipped_updates"] == [[r, k] for r in (1, 2) for k in range(4)]
+    assert pd.read_csv(tmp_path / "metrics.csv")["skipped_clients"].tolist() == [4, 4]
+    assert summary["bytes_up"] == 0  # nothing of a dropped update is sent
+
+
+def test_outputs_are_group_readable(tmp_path):
+    train(load_config(None, TINY), tmp_path)
+    for name in ("summary.json", "metrics.csv", "config.yaml"):
+        assert (tmp_path / name).stat().st_mode & 0o044 == 0o044 & ~_umask(), name
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_output_folder_checks(tmp_path):
+    (tmp_path / "file").write_text("")
+    for out, pattern in ((tmp_path / "file", "is a file"), (tmp_path / "file" / "run", "lies under")):
+        with pytest.raises(UsageError, match=pattern):
+            check_output_folder(out)
+    check_output_folder(tmp_path / "new" / "run")
+    assert not (tmp_path / "new").exists()
+
+
+def test_read_only_output_folder_is_refused():
+    # Root may write anywhere, so check as an unprivileged user where the tests run as root; the
+    # folder sits in a fresh folder under /tmp that such a user can reach.
+    top = Path(tempfile.mkdtemp())
+    os.chmod(top, 0o755)
+    base = top / "ro"
+    base.mkdir(mode=0o555)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        code = 3
+        try:
+            if os.geteuid() == 0:
+                os.setuid(65534)
+            check_output_folder(base / "run")
+        except UsageError as e:
+            code = 0 if "is not writable" in str(e) else 4
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    shutil.rmtree(top)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_client_without_test_data_is_refused(tmp_path):
+    cfg = load_config(None, [*TINY, "data.split=[0.9, 0.1, 0.0]"])
+    with pytest.raises(UsageError, match="has no test samples"):
+        Simulator(cfg)
+
+
+# -- the real thing: `fedfactor train` processes, signals and a shared MLflow store ----------------
+
+def _train_process(out, uri, *extra):
+    sets = [*TINY, "fl.rounds=30", "checkpoint.every=2", f"tracking.uri={uri}", "tracking.enabled=true", *extra]
+    argv = [sys.executable, "-m", "fedfactor.cli", "-q", "train", *(a for s in sets for a in ("--set", s)),
+            "--out", str(out)]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_rounds(proc, out, n):
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if len(pd.read_csv(out / "metrics.csv")) >= n:
+                return
+        except (FileNotFoundError, pd.errors.EmptyDataError):
+            pass
+        time.sleep(0.01)
+    raise AssertionError(f"the job ended or stalled before round {n}: {proc.communicate()}")
+
+
+def _mlflow_runs(uri):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exps = [e.experiment_id for e in client.search_experiments()]
+    return client, client.search_runs(exps, max_results=1000)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_job_resumes_and_matches_the_uninterrupted_run(tmp_path, sig):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    reference = tmp_path / "reference"
+    train(load_config(None, [*TINY, "fl.rounds=30", "checkpoint.every=2"]), reference)
+    out = tmp_path / "run"
+    proc = _train_process(out, uri)
+    _wait_for_rounds(proc, out, 3)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == (-9 if sig == signal.SIGKILL else 143), err
+    assert not (out / "summary.json").exists() and (out / CHECKPOINT).exists()
+    client, runs = _mlflow_runs(uri)
+    if sig == signal.SIGTERM:
+        assert err.strip().splitlines()[-1] == "fedfactor: stopped by SIGTERM"
+        assert [r.info.status for r in runs] == ["KILLED"]
+
+    rerun = _train_process(out, uri)
+    _, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err
+    summary, metrics = _result(out)
+    expected = _result(reference)
+    assert {k: v for k, v in summary.items() if k not in ("mlflow_run_id", "config")} == \
+        {k: v for k, v in expected[0].items() if k not in ("mlflow_run_id", "config")}
+    pd.testing.assert_frame_equal(metrics, expected[1])
+    client, runs = _mlflow_runs(uri)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert runs[0].info.run_id == summary["mlflow_run_id"]
+    steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "bytes_up")]
+    assert sorted(steps) == list(range(1, 31))
+
+
+def test_four_jobs_at_once_on_a_fresh_store_all_finish_in_mlflow(tmp_path):
+    uri = f"sqlite:///{tmp_path}/fresh/mlflow.db"  # nothing created beforehand, no mlflow-init
+    procs = [_train_process(tmp_path / f"run{i}", uri, f"seed={i}", "fl.rounds=3") for i in range(4)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    client, runs = _mlflow_runs(uri)
+    assert sorted(r.data.tags["fedfactor.run_key"] for r in runs) == sorted(
+        json.loads((tmp_path / f"run{i}" / "mlflow.json").read_text())["run_key"] for i in range(4))
+    assert all(r.info.status == "FINISHED" for r in runs) and len(runs) == 4
+    for r in runs:
+        assert sorted(m.step for m in client.get_metric_history(r.info.run_id, "bytes_up")) == [1, 2, 3]
