@@ -10,3 +10,13 @@ TINY = [
 @pytest.fixture
 def tiny():
     return list(TINY)
+
+
+def write_content(path, content):
+    """Damage a run file: None removes it, bytes and text replace it."""
+    if content is None:
+        path.unlink()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)

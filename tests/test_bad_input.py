@@ -17,6 +17,8 @@ from fedfactor.data import load_dataset
 from fedfactor.data.partition import SPLITS, Partition
 from fedfactor.errors import UsageError
 
+from .conftest import write_content
+
 SETTINGS = settings(max_examples=25, deadline=None)
 BASE = ["data.name=digits", "fl.clients=4"]
 
@@ -228,12 +230,7 @@ def test_reports_refuse_damaged_run_files_before_any_output(tmp_path_factory, da
     else:
         bad = damaged / "summary.json"
         content = _damaged_summary(data.draw, CURVES_KEYS if command == "curves" else sorted(WRONG))
-    if content is None:
-        bad.unlink()
-    elif isinstance(content, bytes):
-        bad.write_bytes(content)
-    else:
-        bad.write_text(content)
+    write_content(bad, content)
     report = root / "report"
     if command == "table":
         outputs = [report / "t.md", report / "t.csv"]

@@ -108,20 +108,28 @@ def test_checkpoint_loads_weights_only_and_is_kept_on_request(tmp_path):
     assert calls["n"] == 0 and _result(tmp_path)[0] == first[0]
 
 
-def test_resuming_with_another_config_or_a_damaged_checkpoint_is_refused(tmp_path, monkeypatch):
-    cfg = _cfg("fedavg")
+def test_another_config_in_the_folder_starts_a_new_run_and_a_damaged_checkpoint_is_refused(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracked = ["tracking.enabled=true", f"tracking.uri={uri}"]
+    out = tmp_path / "run"
     _fit_calls(monkeypatch, lambda n: (_ for _ in ()).throw(Killed) if n == 12 else None)
     with pytest.raises(Killed):
-        train(cfg, tmp_path)
-    assert (tmp_path / CHECKPOINT).exists()
-    with pytest.raises(UsageError, match=r"different run \(fl.lr 0.05 -> 0.1\)"):
-        train(_cfg("fedavg", "fl.lr=0.1"), tmp_path)
-    # Where results are mirrored and how often they are checkpointed do not matter.
+        train(_cfg("fedavg", *tracked), out)
+    assert (out / CHECKPOINT).exists()
     monkeypatch.undo()
-    train(_cfg("fedavg", "checkpoint.every=3"), tmp_path)
-    (tmp_path / CHECKPOINT).write_bytes(b"not a checkpoint")
+    # Where results are mirrored and how often they are checkpointed do not change the run.
+    first = train(_cfg("fedavg", *tracked, "checkpoint.every=3"), out)
+    assert first["resumed_after_rounds"] == [2]
+    # A changed config (a changed study re-running its jobs) is a new run, from round 1.
+    second = train(_cfg("fedavg", *tracked, "fl.lr=0.1"), out)
+    train(_cfg("fedavg", "fl.lr=0.1"), tmp_path / "fresh")
+    mirror = ("mlflow_run_id", "config")
+    assert {k: v for k, v in _result(out)[0].items() if k not in mirror} == \
+        {k: v for k, v in _result(tmp_path / "fresh")[0].items() if k not in mirror}
+    assert second["resumed_after_rounds"] == [] and second["mlflow_run_id"] != first["mlflow_run_id"]
+    (out / CHECKPOINT).write_bytes(b"not a checkpoint")
     with pytest.raises(UsageError, match="cannot be resumed"):
-        train(cfg, tmp_path)
+        train(_cfg("fedavg", "fl.lr=0.1"), out)
 
 
 def test_same_seed_same_run_other_seed_other_run(tmp_path):

@@ -1,20 +1,24 @@
 """One training job: a run folder that survives any kill and mirrors itself to MLflow.
 
-The folder is the unit of work and of truth. It holds config.yaml, metrics.csv (one row per
-completed round), diagnostics/, checkpoint.pt (every `checkpoint.every` rounds, and when SIGTERM or
-SIGINT stops the job) and, written last, summary.json, the mark of a finished run. Running the same
-command again on the folder resumes from its checkpoint; on CPU the result is identical to an
-uninterrupted run. One job at a time holds the folder (a lock), and the folder maps to one MLflow
-run, which a resume continues.
+The folder is the unit of work and of truth. It holds config.yaml, fingerprint.json (what decides
+the results), metrics.csv (one row per completed round), diagnostics/, checkpoint.pt (every
+`checkpoint.every` rounds, and when SIGTERM or SIGINT stops the job), mlflow.json (its MLflow run)
+and, written last, summary.json, the mark of a finished run. Running the same command again on the
+folder resumes from its checkpoint; on CPU the result is identical to an uninterrupted run. A
+different config in the same folder starts a new run (checkpoint and MLflow run included). One job
+at a time holds the folder (a lock), and the folder maps to one MLflow run, which a resume
+continues.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import platform
+import shutil
 import signal
 import sys
 import threading
@@ -31,11 +35,12 @@ from .errors import Interrupted, UsageError
 from .fl.simulator import ACCURACY_FIELDS, RoundRecord, Simulator, summarize
 from .io import (atomic_open, atomic_write_json, atomic_write_npy, atomic_write_text, folder_lock,
                  remove_stale_temporaries)
-from .tracking import FINAL_KEYS, Tracker, run_identity
+from .tracking import FINAL_KEYS, STATE_FILE, Tracker, run_identity
 
 log = logging.getLogger("fedfactor")
 
 CHECKPOINT = "checkpoint.pt"
+FINGERPRINT = "fingerprint.json"  # the result-determining config of the run this folder holds
 CHECKPOINT_VERSION = 1
 
 
@@ -114,11 +119,27 @@ def train(cfg: Config, out: Path) -> dict[str, Any]:
         return _train(cfg, out, sim)
 
 
+def _previous_fingerprint(out: Path) -> dict | None:
+    try:
+        return json.loads((out / FINGERPRINT).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
     remove_stale_temporaries(out)
+    fp = fingerprint(cfg)
+    previous = _previous_fingerprint(out)
+    if previous is not None and previous != fp:
+        # A changed study re-runs its jobs into the same folders: that is a new run, never a
+        # continuation of the old one's checkpoint or MLflow run.
+        log.warning("%s held a run of another config (%s): starting over as a new run", out,
+                    _differences(previous, fp))
+        for name in (CHECKPOINT, STATE_FILE, "metrics.csv"):
+            (out / name).unlink(missing_ok=True)
+        shutil.rmtree(out / "diagnostics", ignore_errors=True)
     (out / "summary.json").unlink(missing_ok=True)  # a stale summary must not survive a failed rerun
     ckpt_path = out / CHECKPOINT
-    fp = fingerprint(cfg)
     resumed = []
     if ckpt_path.exists():
         ckpt = load_checkpoint(ckpt_path, sim.device)
@@ -130,6 +151,7 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
         log.info("resuming %s after round %d of %d", out, sim.round, cfg.fl.rounds)
     else:
         (out / "metrics.csv").unlink(missing_ok=True)
+    atomic_write_json(out / FINGERPRINT, fp)
     atomic_write_text(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     params, tags, run_name = run_identity(cfg, out)
     tracker = Tracker(cfg.tracking, out, params, tags, run_name)

@@ -231,7 +231,10 @@ def run_identity(cfg, run_dir: Path) -> tuple[dict[str, Any], dict[str, str], st
     name = cfg.method["name"]
     tags = {"method": name, "dataset": cfg.data.name, "scenario": cfg.scenario, "seed": str(cfg.seed),
             "out": str(Path(run_dir).resolve())}
-    return cfg.flat(), tags, f"{cfg.scenario}/{name}/seed{cfg.seed}"
+    # Params describe the result; where it is mirrored and checkpointed is not part of it.
+    from .config import flatten
+
+    return flatten(cfg.result_dict()), tags, f"{cfg.scenario}/{name}/seed{cfg.seed}"
 
 
 class Tracker:

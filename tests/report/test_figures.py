@@ -6,6 +6,8 @@ import pytest
 from fedfactor.errors import UsageError
 from fedfactor.report.figures import accuracy_curves, load_curves
 
+from ..conftest import write_content
+
 
 def _run(path, scenario, method, seed, accs):
     path.mkdir(parents=True)
@@ -43,17 +45,6 @@ BAD_SUMMARIES = [  # (text of summary.json, what the message says)
 ]
 
 
-@pytest.mark.parametrize("text, pattern", BAD_SUMMARIES)
-def test_damaged_summaries_are_one_line_usage_errors(tmp_path, text, pattern):
-    _run(tmp_path / "a/fedavg/0", "a", "fedavg", 0, [0.1, 0.2])
-    _run(tmp_path / "a/fedavg/1", "a", "fedavg", 1, [0.3, 0.4])
-    bad = tmp_path / "a/fedavg/1/summary.json"
-    bad.write_text(text)
-    with pytest.raises(UsageError, match=pattern) as err:
-        load_curves([tmp_path])
-    assert str(bad) in str(err.value) and "\n" not in str(err.value)
-
-
 BAD_METRICS = [  # (content of metrics.csv or None for no file, what the message says)
     (None, "metrics.csv does not exist, though its run has a summary.json"),
     ("", r"cannot read .*metrics.csv \(No columns to parse from file\)"),
@@ -69,17 +60,13 @@ BAD_METRICS = [  # (content of metrics.csv or None for no file, what the message
 ]
 
 
-@pytest.mark.parametrize("content, pattern", BAD_METRICS)
-def test_missing_or_damaged_metrics_are_one_line_usage_errors(tmp_path, content, pattern):
+@pytest.mark.parametrize("name, content, pattern", [("summary.json", *c) for c in BAD_SUMMARIES]
+                         + [("metrics.csv", *c) for c in BAD_METRICS])
+def test_damaged_run_files_are_one_line_usage_errors(tmp_path, name, content, pattern):
     _run(tmp_path / "a/fedavg/0", "a", "fedavg", 0, [0.1, 0.2])
     _run(tmp_path / "a/fedavg/1", "a", "fedavg", 1, [0.3, 0.4])
-    bad = tmp_path / "a/fedavg/1/metrics.csv"
-    if content is None:
-        bad.unlink()
-    elif isinstance(content, bytes):
-        bad.write_bytes(content)
-    else:
-        bad.write_text(content)
+    bad = tmp_path / "a/fedavg/1" / name
+    write_content(bad, content)
     with pytest.raises(UsageError, match=pattern) as err:
         load_curves([tmp_path])
     assert str(bad) in str(err.value) and "\n" not in str(err.value)
