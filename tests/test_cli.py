@@ -265,3 +265,14 @@ def test_invalid_settings_are_one_line_exit_2_and_nothing_written(tmp_path_facto
     assert message.startswith("fedfactor: error:") and message.count("\n") == 1, message
     assert "Traceback" not in message and std.getvalue() == ""
     assert not out.exists()
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file", "a config folder"])
+def test_bad_output_and_config_paths_are_one_line_exit_2_before_anything_runs(tmp_path, tiny, capsys, where):
+    (tmp_path / "file").write_text("keep me")
+    out = {"a file": tmp_path / "file", "under a file": tmp_path / "file" / "run"}.get(where, tmp_path / "run")
+    config = ["--config", str(tmp_path)] if where == "a config folder" else []
+    assert main(["train", *config, *_sets(tiny), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedfactor: error:") and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and (tmp_path / "file").read_text() == "keep me"
