@@ -115,7 +115,9 @@ def train(cfg: Config, out: Path) -> dict[str, Any]:
     check_output_folder(out)
     sim = Simulator(cfg)  # every check on the config and the data happens here, before any output
     out.mkdir(parents=True, exist_ok=True)
-    with folder_lock(out):
+    # Signals are caught from here on: one arriving while the MLflow run opens still ends in a
+    # checkpoint and a KILLED run, at the first training step.
+    with folder_lock(out), stop_signals(sim):
         return _train(cfg, out, sim)
 
 
@@ -183,18 +185,17 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
         if (every and rec.round % every == 0 and rec.round < R) or (rec.round == R and cfg.checkpoint.keep):
             save_checkpoint()
 
-    with stop_signals(sim):
-        try:
-            sim.run(on_round)
-        except Interrupted as e:
-            save_checkpoint()
-            tracker.end("KILLED")
-            log.warning("%s stopped by %s after round %d of %d; checkpoint written: run the same command again "
-                        "to resume", run_name, signal.Signals(e.signum).name, sim.round, R)
-            raise
-        except BaseException:
-            tracker.end("FAILED")
-            raise
+    try:
+        sim.run(on_round)
+    except Interrupted as e:
+        save_checkpoint()
+        tracker.end("KILLED")
+        log.warning("%s stopped by %s after round %d of %d; checkpoint written: run the same command again "
+                    "to resume", run_name, signal.Signals(e.signum).name, sim.round, R)
+        raise
+    except BaseException:
+        tracker.end("FAILED")
+        raise
     summary = {
         "method": cfg.method["name"],
         "dataset": cfg.data.name,
