@@ -10,6 +10,7 @@ time / plain time) is what the performance pass is meant to bring close to 1.
 from __future__ import annotations
 
 import argparse
+import io
 import statistics
 import time
 
@@ -62,11 +63,14 @@ def main() -> None:
     t_round = timed(lambda: sim.run_round(next(rounds)), args.repeats)
     t_plain = timed(lambda: plain_epoch(sim, gen), args.repeats)
     t_eval = timed(sim.evaluate, args.repeats)
+    t_ckpt = timed(lambda: torch.save(sim.state_dict(), io.BytesIO()), args.repeats)
     print(f"device {sim.device}, {sim.cfg.model.name} on {sim.cfg.data.name}, {sim.cfg.fl.clients} clients, "
           f"{sum(len(c['train']) for c in sim.clients)} training samples, median of {args.repeats}")
     print(f"plain training loop, one epoch      {t_plain * 1e3:9.1f} ms")
     print(f"simulator FedAvg round (E=1)       {t_round * 1e3:9.1f} ms   ratio {t_round / t_plain:.2f}")
     print(f"evaluation of every client         {t_eval * 1e3:9.1f} ms   ratio {t_eval / t_plain:.2f}")
+    print(f"checkpoint of the whole run         {t_ckpt * 1e3:9.1f} ms   ratio {t_ckpt / t_plain:.2f}"
+          " (serialised in memory; the job also writes it out)")
 
 
 if __name__ == "__main__":
