@@ -12,7 +12,10 @@ import io
 import json
 import logging
 import os
+import random
+import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import IO, Any, Iterator
 
@@ -72,27 +75,42 @@ def remove_stale_temporaries(folder: Path) -> int:
 
 
 @contextlib.contextmanager
-def folder_lock(folder: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `folder` for as long as the block runs.
+def exclusive_lock(path: Path, timeout: float | None = None) -> Iterator[IO[str]]:
+    """Hold an exclusive `flock` on `path` (created if needed) while the block runs.
 
-    One writer per output folder: a second job for the same folder (a re-run while a killed
-    Snakemake's orphan still runs) waits instead of interleaving its files. The kernel releases
-    the lock when the holder dies, however it dies.
+    Waits at most `timeout` seconds (None: as long as it takes), then raises TimeoutError. The
+    kernel releases the lock when its holder dies, however it dies, so a killed job never leaves
+    one behind. The first wait is logged with what the holder wrote into the file.
     """
-    path = folder / ".lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as f:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        waited = False
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"{path} stays locked by another process") from None
+                if not waited:
+                    f.seek(0)
+                    log.warning("%s is held by %s; waiting for it", path, f.read().strip() or "another process")
+                    waited = True
+                time.sleep(0.02 + 0.08 * random.random())
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            log.warning("%s is in use by %s; waiting for it to finish", folder, holder)
-            fcntl.flock(f, fcntl.LOCK_EX)
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()}\n")
-        f.flush()
-        try:
-            yield
+            yield f
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path) -> Iterator[None]:
+    """One writer per output folder: a second job for the same folder (a re-run while a killed
+    Snakemake's orphan still runs) waits instead of interleaving its files."""
+    with exclusive_lock(folder / ".lock") as f:
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        f.flush()
+        yield

@@ -35,7 +35,7 @@ from .errors import Interrupted, UsageError
 from .fl.simulator import ACCURACY_FIELDS, RoundRecord, Simulator, summarize
 from .io import (atomic_open, atomic_write_json, atomic_write_npy, atomic_write_text, folder_lock,
                  remove_stale_temporaries)
-from .tracking import FINAL_KEYS, STATE_FILE, Tracker, run_identity
+from .tracking import FINAL_KEYS, RUN_FILES, STATE_FILE, Tracker, run_identity
 
 log = logging.getLogger("fedfactor")
 
@@ -223,7 +223,7 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
     }
     # summary.json is the job's completion marker: written last, atomically.
     atomic_write_json(out / "summary.json", summary)
-    files = [out / "summary.json", out / "metrics.csv", out / "config.yaml", out / "diagnostics"]
+    files = [out / name for name in RUN_FILES]
     tracker.finish({k: summary[k] for k in FINAL_KEYS if summary[k] is not None}, [f for f in files if f.exists()])
     if not cfg.checkpoint.keep:
         ckpt_path.unlink(missing_ok=True)

@@ -20,7 +20,6 @@ experiment therefore happen under an exclusive `flock` on `<db>.lock` beside the
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import math
@@ -37,6 +36,7 @@ from urllib.request import url2pathname
 
 from .config import TrackingConfig
 from .errors import UsageError
+from .io import atomic_write_json, exclusive_lock
 
 log = logging.getLogger("fedfactor")
 
@@ -123,26 +123,11 @@ def _store_lock(uri: str) -> Iterator[None]:
     if path is None:
         yield
         return
-    lock = Path(f"{path}.lock")
-
-    def open_lock():
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        return open(lock, "a")
-
-    f = _retry(open_lock)
     try:
-        deadline = time.monotonic() + max(LOCK_SECONDS, RETRY_SECONDS)
-        while True:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise _Unreachable(f"{lock} stays locked by another process") from None
-                time.sleep(0.02 + 0.08 * random.random())
-        yield  # closing the file releases the lock
-    finally:
-        f.close()
+        with exclusive_lock(Path(f"{path}.lock"), timeout=max(LOCK_SECONDS, RETRY_SECONDS)):
+            yield
+    except (OSError, TimeoutError) as e:  # a folder that cannot be made, a lock never released
+        raise _Unreachable(_one_line(e)) from None
 
 
 def _client(uri: str):
@@ -206,8 +191,6 @@ def _number(v: Any) -> float | None:
 
 def _run_key(run_dir: Path) -> dict:
     """The directory's mlflow.json ({"run_key", "run_ids"}), created atomically the first time."""
-    from .io import atomic_write_json
-
     path = run_dir / STATE_FILE
     try:
         state = json.loads(path.read_text())
@@ -329,8 +312,6 @@ class Tracker:
             _retry(lambda chunk=new[i : i + _PARAM_BATCH]: client.log_batch(run_id, params=chunk))
         self._client, self.run_id, self.active = client, run_id, True
         if state["run_ids"].get(self.uri) != run_id:  # informational only: the tag is what counts
-            from .io import atomic_write_json
-
             state["run_ids"][self.uri] = run_id
             try:
                 atomic_write_json(self.run_dir / STATE_FILE, state)

@@ -1,0 +1,52 @@
+"""Atomic writes and the exclusive lock: what a killed writer leaves behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fedfactor.io import FILE_MODE, atomic_open, atomic_write_text, exclusive_lock, remove_stale_temporaries
+
+HOLD = "import sys, time; from pathlib import Path; from fedfactor.io import exclusive_lock\n" \
+       "with exclusive_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)\n"
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = tmp_path / "out.txt"
+    atomic_write_text(path, "old")
+    with pytest.raises(RuntimeError):
+        with atomic_open(path) as f:
+            f.write(b"half")
+            raise RuntimeError
+    assert path.read_text() == "old" and os.listdir(tmp_path) == ["out.txt"]
+    assert path.stat().st_mode & 0o777 == FILE_MODE  # not the 0600 of a temporary file
+
+
+def test_stale_temporaries_are_removed(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / ".metrics.csv.abc.tmp").write_text("half")
+    (tmp_path / "keep.tmp").write_text("not ours: no leading dot")
+    assert remove_stale_temporaries(tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["keep.tmp"]
+
+
+def test_the_lock_waits_for_its_holder_and_is_freed_when_the_holder_is_killed(tmp_path):
+    lock = tmp_path / ".lock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="stays locked"):
+            with exclusive_lock(lock, timeout=0.3):
+                pass
+        assert time.monotonic() - start >= 0.3
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        with exclusive_lock(lock, timeout=5):  # the kernel released it with the process
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
