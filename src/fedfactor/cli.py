@@ -148,6 +148,22 @@ def cmd_curves(args) -> None:
     print(f"accuracy curves -> {args.out}")
 
 
+def cmd_figure(args) -> None:
+    from .report.heatmaps import similarity_heatmaps
+
+    rounds = None
+    if args.rounds is not None:
+        try:
+            rounds = [int(r) for r in args.rounds.split(",")]
+        except ValueError:
+            raise UsageError(f"--rounds {args.rounds!r} is not a comma-separated list of round numbers, "
+                             "e.g. --rounds 1,50,100") from None
+    drawn = similarity_heatmaps(args.run_dir, args.out, rounds=rounds, title=args.title)
+    counts = "" if drawn["counts_round"] is None else f", matching counts after round {drawn['counts_round']}"
+    print(f"similarity heatmaps of {', '.join(drawn['rows'])} at rounds {', '.join(map(str, drawn['rounds']))}"
+          f"{counts} ({drawn['clients']} clients) -> {args.out}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedfactor", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"fedfactor {__version__}")
@@ -203,6 +219,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="PNG file")
     p.add_argument("--title", default="")
     p.set_defaults(func=cmd_curves)
+
+    p = sub.add_parser("figure", help="PNG heatmaps of a run's client similarities (u, v, z) and matching counts")
+    p.add_argument("run_dir", help="a run's --out folder (holding diagnostics/)")
+    p.add_argument("--out", required=True, help="PNG file")
+    p.add_argument("--rounds", help="comma-separated rounds to show, e.g. 1,50,100 (default: first, middle, last)")
+    p.add_argument("--title", default="", help="figure title (default: scenario / method / seed of the run)")
+    p.set_defaults(func=cmd_figure)
     return parser
 
 

@@ -1,8 +1,12 @@
+import math
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedfactor.fl.comm import CommMeter
-from fedfactor.fl.state import nbytes, weighted_average
+from fedfactor.fl.state import nbytes, pack_sparse, unpack_sparse, weighted_average
 
 
 def test_weighted_average_matches_hand_computed_values():
@@ -51,3 +55,70 @@ def test_sparse_tensors_count_values_plus_indices():
     # 2 values + 4 int64 row pointers + 2 int64 column indices
     assert nbytes({"m": csr}) == 2 * 4 + 4 * 8 + 2 * 8
     assert nbytes({"m": dense}) == 12 * 4
+
+
+# ---------------------------------------------------------------- pack_sparse / unpack_sparse
+
+
+@st.composite
+def _sparse_tensors(draw):
+    shape = tuple(draw(st.lists(st.integers(0, 13), min_size=0, max_size=3)))
+    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    density = draw(st.floats(0, 1))
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randn(shape, generator=g, dtype=dtype)
+    mask = torch.rand(shape, generator=g) < density
+    return values * mask
+
+
+@settings(max_examples=80, deadline=None)
+@given(t=_sparse_tensors())
+def test_pack_sparse_round_trips(t):
+    bits, values = pack_sparse(t)
+    assert bits.dtype == torch.uint8 and bits.dim() == 1
+    assert bits.numel() == math.ceil(t.numel() / 8)
+    assert values.dtype == t.dtype and values.numel() == int((t != 0).sum())
+    out = unpack_sparse(bits, values, t.shape)
+    assert out.shape == t.shape and out.dtype == t.dtype
+    assert torch.equal(out, t)
+
+
+@pytest.mark.parametrize("shape", [(1,), (7,), (8,), (9,), (3, 5), (2, 3, 4), (17, 3)])
+def test_pack_sparse_costs_bitmap_plus_values(shape):
+    t = torch.randn(shape)
+    t[t.abs() < 0.5] = 0
+    nnz = int((t != 0).sum())
+    bits, values = pack_sparse(t)
+    numel = t.numel()
+    assert bits.numel() == math.ceil(numel / 8)
+    assert nbytes({"bits": bits, "values": values}) == math.ceil(numel / 8) + 4 * nnz
+    assert torch.equal(unpack_sparse(bits, values, shape), t)
+
+
+@pytest.mark.parametrize("shape", [(5,), (8,), (4, 6), (3, 3, 3)])
+def test_all_zero_tensor_costs_only_the_bitmap(shape):
+    bits, values = pack_sparse(torch.zeros(shape))
+    assert values.numel() == 0
+    assert (bits == 0).all()
+    assert nbytes({"bits": bits, "values": values}) == math.ceil(math.prod(shape) / 8)
+    assert torch.equal(unpack_sparse(bits, values, shape), torch.zeros(shape))
+
+
+def test_pack_sparse_bit_order_and_value_order():
+    t = torch.tensor([0.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 3.0, 4.0, 0.0])
+    bits, values = pack_sparse(t)
+    # entry j of each byte is bit j (least significant first): byte 0 has bits 1 and 7, byte 1 bit 0
+    assert bits.tolist() == [2 + 128, 1]
+    assert values.tolist() == [2.0, 3.0, 4.0]
+    # a dense tensor costs 1/32 more than sending it dense in float32
+    d = torch.ones(64)
+    assert nbytes(dict(zip("bv", pack_sparse(d)))) == 64 * 4 + 8
+
+
+def test_pack_sparse_of_a_non_contiguous_tensor():
+    t = torch.arange(12, dtype=torch.float64).reshape(3, 4) % 3
+    tt = t.T
+    assert not tt.is_contiguous()
+    bits, values = pack_sparse(tt)
+    assert torch.equal(unpack_sparse(bits, values, tt.shape), tt)

@@ -54,6 +54,13 @@ def head_is_local(head: str, label_maps: np.ndarray) -> bool:
     return bool((label_maps != label_maps[0]).any())
 
 
+def client_domains(label_maps: np.ndarray) -> list[int]:
+    """A domain id per client: clients whose tasks cover the same original classes share one."""
+    tasks = [tuple(np.flatnonzero(np.asarray(row) >= 0)) for row in label_maps]
+    ids = {t: i for i, t in enumerate(dict.fromkeys(tasks))}
+    return [ids[t] for t in tasks]
+
+
 @dataclass
 class Scores:
     """One evaluation of every client on one split."""
@@ -200,6 +207,9 @@ class Simulator:
             split=lambda k, name: self.clients[k][name],
             batches=self._batches,
             log=self._log,
+            input_shape=(info.channels, info.height, info.width),
+            seed=cfg.seed,
+            domains=client_domains(label_maps),
         )
         self.method.bind(self.ctx)
         self.states: list[State] = [self.method.init_client(k, init) for k in range(K)]

@@ -62,6 +62,11 @@ class Context:
     # log(name, value): a per-round diagnostic; scalars go to metrics.csv and MLflow, arrays to files
     log: Callable[[str, Any], None]
     round: int = 0  # the current round, 1-based; 0 before the first
+    input_shape: tuple[int, ...] = ()  # one input's (channels, height, width)
+    seed: int = 0  # the run's seed, for a method's own random draws (derive_seed(seed, round, k))
+    # domains[k]: an id shared by the clients whose tasks hold the same classes (one id for all
+    # clients in label-heterogeneous scenarios); for diagnostics such as in-domain matching
+    domains: list[int] = field(default_factory=list)
     float_keys: list[str] = field(init=False)  # parameters and float buffers: what FedAvg shares
 
     def __post_init__(self) -> None:

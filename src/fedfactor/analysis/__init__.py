@@ -1,0 +1,1 @@
+"""Analyses of client weights: similarity matrices (and, later, factor analysis)."""

@@ -1,0 +1,268 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedfactor.config import load_config
+from fedfactor.fl.simulator import Simulator
+from fedfactor.methods import METHODS
+from fedfactor.methods.factorized_fl import BITS, MATCH, VALUES
+from fedfactor.methods.simfed import CRITERIA
+from fedfactor.nn import Factorized
+
+PERMUTED = ["partition.permute_labels=true"]
+
+
+def _sim(tiny, *extra):
+    return Simulator(load_config(None, tiny + list(extra)))
+
+
+def _numel(state, keys):
+    return sum(state[k].numel() for k in keys)
+
+
+def test_every_layer_is_factorized_and_the_model_still_has_weights(tiny):
+    sim = _sim(tiny, "method.name=factorized_fl_alpha")
+    layers = [m for m in sim.model.modules() if isinstance(m, Factorized)]
+    assert len(layers) == 4  # cnn: 2 conv + 1 fc in the body, the head
+    assert not any(isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)) for m in sim.model.modules())
+    assert all(layer.weight.shape == layer.shape for layer in layers)
+    assert sim.method.match_layer == "body.7"  # the fc layer before the classifier: the paper's v^{L-1}
+    last_conv = _sim(tiny, "method.name=factorized_fl_alpha", "method.match_layer=last_conv")
+    assert last_conv.method.match_layer == "body.3"
+
+
+def test_alpha_uploads_exactly_U_and_v_before_the_head_and_downloads_U(tiny):
+    sim = _sim(tiny, "method.name=factorized_fl_alpha", *PERMUTED)
+    state = sim.states[0]
+    U = [k for k in sim.ctx.param_keys if k.endswith(".u") and k.startswith("body.")]
+    sent = sim.method.upload(0, state)
+    assert set(sent) == {*U, MATCH}
+    assert torch.equal(sent[MATCH], state["body.7.v"].reshape(-1))
+    per_client = _numel(state, U) + state["body.7.v"].numel()
+    sim.run_round(1)
+    up, down = sim.meter.history[-1]
+    assert up == 4 * per_client * 4  # 4 clients, float32
+    received = sim.method.download(sim.server, 0)
+    assert set(received) == set(U)
+    assert down == 4 * _numel(state, U) * 4
+
+
+def test_alpha_cost_projects_from_shapes_and_beta_is_refused(tiny):
+    sim = Simulator(load_config(None, tiny + ["method.name=factorized_fl_alpha"]), dry_run=True)
+    sim.run()
+    state = sim.states[0]
+    U = [k for k in sim.ctx.param_keys if k.endswith(".u") and k.startswith("body.")]
+    assert sim.meter.up == 2 * 4 * 4 * (_numel(state, U) + state["body.7.v"].numel())
+    with pytest.raises(Exception, match="depends on trained values"):
+        Simulator(load_config(None, tiny + ["method.name=factorized_fl_beta"]), dry_run=True)
+
+
+def test_beta_sends_U_V_and_M_with_M_counted_as_its_non_zeros(tiny):
+    sim = _sim(tiny, "method.name=factorized_fl_beta", "method.mu_threshold=1e-3", *PERMUTED)
+    sim.run_round(1)
+    up, _ = sim.meter.history[-1]
+    expected, nonzero, entries = 0, 0, 0
+    for k in range(4):
+        state = sim.states[k]
+        for key in sim.method.shared:
+            t = state[key]
+            if key.endswith(".mu"):
+                nnz = int((t.abs() >= 1e-3).sum())
+                nonzero, entries = nonzero + nnz, entries + t.numel()
+                expected += math.ceil(t.numel() / 8) + 4 * nnz
+            else:
+                expected += 4 * t.numel()
+    assert 0 < nonzero < entries  # mu has moved, and not all of it above the threshold
+    assert up == expected
+    kinds = {key.rsplit(".", 1)[-1] for key in sim.method.shared}
+    assert {"u", "v", "mu"} <= kinds and not any(k.startswith("head.") for k in sim.method.shared)
+    assert not any("running" in k for k in sim.method.shared)  # BN statistics stay local
+
+
+def test_sparse_mu_round_trips_through_the_server(tiny):
+    sim = _sim(tiny, "method.name=factorized_fl_beta", "method.tau=2")  # tau > 1: only itself
+    sim.run_round(1)
+    payload = sim.method.download(sim.server, 2)
+    mu_key = sim.method.mu_keys[0]
+    assert mu_key + BITS in payload and mu_key + VALUES in payload and mu_key not in payload
+    got = sim.method.receive(2, sim.states[2], payload)
+    mu = sim.states[2][mu_key]
+    assert torch.equal(got[mu_key], mu * (mu.abs() >= sim.method.hp.mu_threshold))
+
+
+def test_a_threshold_above_every_score_leaves_each_client_with_its_own_U(tiny):
+    sim = _sim(tiny, "method.name=factorized_fl_alpha", "method.tau=1.5")
+    sim.run_round(1)
+    W = sim.server["weights"]
+    assert torch.equal(W, torch.eye(4, dtype=W.dtype))
+    for k in range(4):
+        got = sim.method.download(sim.server, k)
+        assert all(torch.equal(got[key], sim.states[k][key]) for key in got)
+
+
+def test_similarity_weights_are_a_softmax_over_the_matched_clients(tiny):
+    sim = _sim(tiny, "method.name=factorized_fl_alpha", "method.tau=0", "method.epsilon=5")
+    sim.run_round(1)
+    keys = torch.stack([sim.states[k]["body.7.v"].reshape(-1) for k in range(4)]).double()
+    cos = torch.nn.functional.cosine_similarity(keys.unsqueeze(1), keys.unsqueeze(0), dim=2)
+    W = sim.server["weights"]
+    for k in range(4):
+        kept = cos[k] >= 0
+        kept[k] = True
+        expected = torch.where(kept, torch.exp(5 * cos[k]), torch.zeros(4, dtype=torch.float64))
+        expected[k] = math.exp(5.0)  # the client's own score is 1
+        assert torch.allclose(W[k], expected / expected.sum())
+    got = sim.method.download(sim.server, 1)
+    mix = sum(W[1, j] * sim.states[j]["body.0.u"].double() for j in range(4))
+    assert torch.allclose(got["body.0.u"].double(), mix, atol=1e-6)
+
+
+def test_l1_pulls_mu_towards_zero_only_in_paper_mode(tiny):
+    sim = _sim(tiny, "method.name=factorized_local", "method.l1=0.01")
+    (phase,) = sim.method.plan(0, sim.states[0], {})
+    params = {k: torch.randn_like(p).requires_grad_() for k, p in sim.model.named_parameters()}
+    phase.loss(params, None, None).backward()
+    for key, p in params.items():
+        # the gradient of lambda ||mu||_1 is lambda sign(mu): a step moves every mu entry towards 0
+        expected = 0.01 * torch.sign(p.detach()) if key in sim.method.mu_keys else None
+        assert (p.grad is None) if expected is None else torch.allclose(p.grad, expected)
+    official = _sim(tiny, "method.name=factorized_local", "method.l1=0.01", "method.l1_mode=official")
+    assert all(ph.loss is None for ph in official.method.plan(0, official.states[0], {}))
+
+    def trained(*extra):
+        s = _sim(tiny, "method.name=factorized_local", *extra)
+        s.run_round(1)
+        return s.states[0][s.method.mu_keys[0]]
+
+    assert not torch.equal(trained("method.l1=0.01"), trained("method.l1=0"))
+    assert torch.equal(trained("method.l1=0.01", "method.l1_mode=official"), trained("method.l1=0"))
+
+
+def test_mu_is_pruned_when_evaluated_and_counted_per_round(tiny):
+    sim = _sim(tiny, "method.name=factorized_fl_alpha", "method.mu_threshold=1e-3")
+    sim.run_round(1)
+    assert 0 < sim._scalars["mu_nonzero_share"] < 1
+    layer = sim.model.get_submodule(sim.method.mu_keys[0][: -len(".mu")])
+    assert layer.threshold == 1e-3
+
+
+@pytest.mark.parametrize("name,reference", [
+    ("factorized_fl_alpha", "factorized_local"),
+    ("factorized_fl_beta", "factorized_local"),
+    ("factorized_fedavg", "factorized_local"),
+    ("factorized_fl_worst", "factorized_local"),
+    ("simfed", "factorized_local"),
+    ("simfed_no_factorization", "local"),
+])
+def test_with_one_client_every_method_is_local_training(tiny, name, reference):
+    base = [*tiny, "fl.clients=1", "fl.rounds=2"]
+    params = ["method.mu_threshold=0"]  # nothing pruned in transit, so nothing differs
+    if name.startswith("simfed") and reference != "local":
+        params += ["method.layout=simfed", "method.l1=1e-4"]
+
+    def run(method, extra):
+        cfg_extra = [f"method.name={method}", *(extra if method != "local" else [])]
+        sim = Simulator(load_config(None, base + cfg_extra))
+        records = sim.run()
+        return sim, [r.test.per_client.tolist() for r in records]
+
+    sim, acc = run(name, params)
+    ref, ref_acc = run(reference, params[:1] + params[1:] if reference != "local" else [])
+    assert sim.meter.total > 0 or name.startswith("factorized_local")
+    assert acc == ref_acc
+    for key in ref.states[0]:
+        assert torch.equal(sim.states[0][key], ref.states[0][key]), key
+
+
+def _reflect(theta, z, tau, alpha):
+    """SimFed's eq. 8 written out: theta_k + sum_j softmax(alpha sigma)_j (theta_j - theta_k)."""
+    out = []
+    for k in range(len(theta)):
+        sigma = [float(np.dot(z[k], z[j]) / np.linalg.norm(z[k]) / np.linalg.norm(z[j])) for j in range(len(z))]
+        sigma[k] = 1.0
+        matched = [j for j in range(len(z)) if sigma[j] >= tau]
+        norm = sum(math.exp(alpha * sigma[j]) for j in matched)
+        out.append(theta[k] + sum(math.exp(alpha * sigma[j]) / norm * (theta[j] - theta[k]) for j in matched))
+    return out
+
+
+def test_simfed_reflection_on_three_clients_by_hand(tiny):
+    sim = _sim(tiny, "fl.clients=3", "method.name=simfed", "method.tau=0.5", "method.epsilon=2")
+    z = [np.array([1.0, 0.0]), np.array([0.6, 0.8]), np.array([0.0, 1.0])]  # cos: 0.6, 0, 0.8
+    theta = [0.0, 1.0, 3.0]
+    uploads = {k: {"w": torch.tensor([theta[k]]), MATCH: torch.tensor(z[k], dtype=torch.float32)} for k in range(3)}
+    server = sim.method.aggregate(sim.server, uploads, {k: 1.0 for k in range(3)})
+    got = [float(sim.method.download(server, k)["w"]) for k in range(3)]
+    # by hand: client 1 matches itself and 2 (0.6 >= 0.5), client 3 only 2 and itself (0.8), 2 all
+    e = math.exp
+    by_hand = [e(1.2) / (e(2) + e(1.2)) * 1.0,
+               1.0 + (e(1.2) * (0 - 1) + e(1.6) * (3 - 1)) / (e(1.2) + e(2) + e(1.6)),
+               3.0 + e(1.6) * (1 - 3) / (e(1.6) + e(2))]
+    assert by_hand == pytest.approx([0.31003, 1.42050, 2.19738], abs=1e-5)
+    assert got == pytest.approx(by_hand, abs=1e-6)
+    assert got == pytest.approx(_reflect(theta, z, 0.5, 2.0), abs=1e-6)
+    assert server["weights"][0, 2] == 0 and server["weights"][2, 0] == 0  # below tau: excluded
+
+
+def test_simfed_sends_the_criteria_input_once_and_matches_on_embeddings(tiny):
+    sim = _sim(tiny, "method.name=simfed", *PERMUTED)
+    first = sim.method.download(sim.server, 0)
+    assert CRITERIA in first and first[CRITERIA].shape == (1, 1, 8, 8)
+    sim.run_round(1)
+    assert CRITERIA not in sim.method.download(sim.server, 0)
+    assert torch.equal(sim.states[0][CRITERIA], first[CRITERIA])
+    sent = sim.method.upload(0, sim.states[0])
+    assert sent[MATCH].shape == (512,)  # the cnn body's features of x_N
+    assert not any(k.startswith("head.") for k in sim.method.shared)  # permuted labels: heads stay
+    shared_head = _sim(tiny, "method.name=simfed")
+    assert any(k.startswith("head.") for k in shared_head.method.shared)  # 003 reflects heads otherwise
+
+
+def test_random_matching_mixes_the_chosen_number_of_clients(tiny):
+    sim = _sim(tiny, "fl.clients=6", "method.name=factorized_fl_random", "method.num_matched=2")
+    sim.run_round(1)
+    assert ((sim.server["weights"] > 0).sum(1) == 3).all()  # itself and two others
+    assert torch.equal(sim.server["counts"], (sim.server["weights"] > 0).long())
+
+
+def test_domains_come_from_the_clients_classes(tiny):
+    groups = "partition.groups=[[0,1,2,3,4],[5,6,7,8,9]]"
+    sim = _sim(tiny, "method.name=simfed", "partition.kind=class_groups", groups, "partition.clients_per_group=2")
+    assert sim.ctx.domains == [0, 0, 1, 1]
+    assert _sim(tiny, "method.name=simfed", *PERMUTED).ctx.domains == [0, 0, 0, 0]
+
+
+def test_diagnostics_land_in_the_run_folder(tiny, tmp_path):
+    from fedfactor.job import train
+
+    cfg = load_config(None, tiny + ["method.name=factorized_fl_beta", *PERMUTED])
+    train(cfg, tmp_path)
+    for name in ("similarity_u", "similarity_v", "matching_weights", "matching_counts"):
+        files = sorted((tmp_path / "diagnostics" / name).glob("round_*.npy"))
+        assert [f.name for f in files] == ["round_0001.npy", "round_0002.npy"]
+        assert np.load(files[-1]).shape == (4, 4)
+    counts = np.load(tmp_path / "diagnostics" / "matching_counts" / "round_0002.npy")
+    assert (np.diag(counts) == 2).all()  # every client mixed itself in both rounds
+    import pandas as pd
+
+    metrics = pd.read_csv(tmp_path / "metrics.csv")
+    assert {"mu_nonzero", "mu_nonzero_share", "matches_in_domain_share", "matched_clients_mean"} <= set(metrics)
+
+
+def test_every_variant_is_registered_with_its_preset():
+    assert METHODS.get("factorized_fl_beta").defaults["share"] == "uvm"
+    assert METHODS.get("factorized_fedavg_no_mu").defaults["use_mu"] is False
+    assert METHODS.get("factorized_fl_axes").defaults["layout"] == "simfed"
+    assert METHODS.get("simfed_worst").defaults["num_matched"] == 2
+    assert METHODS.get("simfed_no_factorization").factorized is False
+
+
+def test_bad_hyperparameters_are_one_line_errors(tiny):
+    from fedfactor.errors import UsageError
+
+    for bad in ("method.layout=diagonal", "method.share=all", "method.rank=0", "method.matching=best",
+                "method.criteria_inputs=0"):
+        with pytest.raises(UsageError, match=f"^{bad.split('=')[0]} must be"):
+            load_config(None, tiny + ["method.name=simfed", bad])

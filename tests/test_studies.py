@@ -1,0 +1,101 @@
+"""Every study file (config/studies/*.yaml, and the default config/config.yaml) builds a valid DAG.
+
+Without running anything: the study matches the workflow's schema, its run config exists, and every
+scenario x method loads exactly as the train rule builds it (`fedfactor.workflow.run_sets` on top of
+the run config), which checks method names and hyperparameters, dataset names and partition keys.
+Each scenario's partition spec is also resolved against its dataset and client count (class-group
+presets need a matching number of clients) and its model is built, as a run would, without data.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from snakemake.utils import validate
+
+from fedfactor.config import load_config
+from fedfactor.data import dataset_info, task_label_maps
+from fedfactor.models import build_model
+from fedfactor.workflow import run_sets
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
+STUDY_FILES = [REPO / "config" / "config.yaml", *sorted((REPO / "config" / "studies").glob("*.yaml"))]
+
+
+def _read(path: Path) -> dict:
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def _read_or_empty(path: Path) -> dict:
+    """For building test ids: a broken file yields no cases here and fails the schema test instead."""
+    try:
+        study = _read(path)
+    except (OSError, yaml.YAMLError):
+        return {}
+    return study if isinstance(study, dict) else {}
+
+
+def _name(path: Path) -> str:
+    return str(path.relative_to(REPO / "config"))
+
+
+def _scenario_cases():
+    for path in STUDY_FILES:
+        for scenario in _read_or_empty(path).get("scenarios") or {}:
+            yield pytest.param(path, scenario, id=f"{_name(path)}:{scenario}")
+
+
+def _method_cases():
+    for path in STUDY_FILES:
+        study = _read_or_empty(path)
+        for scenario in study.get("scenarios") or {}:
+            for label in study.get("methods") or {}:
+                yield pytest.param(path, scenario, label, id=f"{_name(path)}:{scenario}:{label}")
+
+
+def _sets(study: dict, scenario: str, **method) -> list[str]:
+    """The `--set` arguments the train rule passes (workflow/rules/common.smk, train_sets)."""
+    overrides = study["scenarios"][scenario]
+    return run_sets(overrides, scenario=scenario, data={"root": study.get("data_root", "data")}, **method)
+
+
+@pytest.mark.parametrize("path", STUDY_FILES, ids=_name)
+def test_study_matches_the_schema_and_its_run_config_loads(path):
+    study = _read(path)
+    validate(copy.deepcopy(study), str(SCHEMA), set_default=True)
+    run_config = REPO / study["run_config"]
+    assert run_config.is_file(), f"{_name(path)}: run_config {study['run_config']} does not exist"
+    load_config(run_config)
+
+
+def test_study_names_and_mlflow_experiments_are_unique():
+    studies = {_name(p): _read(p) for p in STUDY_FILES}
+    names = [s["study"] for s in studies.values()]
+    assert len(set(names)) == len(names), f"study names repeat: {names}"
+    # the workflow's default experiment is fedfactor-<study>
+    experiments = [(s.get("mlflow") or {}).get("experiment", f"fedfactor-{s['study']}") for s in studies.values()]
+    assert len(set(experiments)) == len(experiments), f"MLflow experiments repeat: {experiments}"
+
+
+@pytest.mark.parametrize("path, scenario", list(_scenario_cases()))
+def test_scenario_loads_and_fits_its_dataset(path, scenario):
+    study = _read(path)
+    cfg = load_config(REPO / study["run_config"], _sets(study, scenario))
+    assert cfg.scenario == scenario
+    info = dataset_info(cfg.data.name, REPO / cfg.data.root)
+    _, num_outputs = task_label_maps(cfg.partition.spec(), info.num_classes, cfg.fl.clients)
+    build_model(cfg.model.name, info.channels, info.height, info.width, num_outputs)
+
+
+@pytest.mark.parametrize("path, scenario, label", list(_method_cases()))
+def test_every_scenario_and_method_loads(path, scenario, label):
+    study = _read(path)
+    entry = study["methods"][label]
+    cfg = load_config(REPO / study["run_config"], _sets(study, scenario, method=entry))
+    # the study's hyperparameters arrive as given, none dropped or renamed on the way
+    for key, value in entry.items():
+        assert cfg.method[key] == value, f"method {label}: {key} = {cfg.method.get(key)!r}, study gives {value!r}"
