@@ -72,6 +72,7 @@ class FactorizedFL(Method):
         "reset_head": False,  # official code, unpermuted scenarios: head reset to the initial one
     }
     factorized = True  # False: similarity matching on an unfactorized model (SimFed ablation)
+    key_name = "similarity_v"  # the diagnostic name of the similarity clients are matched on
 
     CHOICES = {"layout": LAYOUTS, "init": ("official", "scaled"), "l1_mode": ("paper", "official"),
                "share": ("u", "uvm", "none"), "matching": ("similarity", "fedavg", "random", "worst"),
@@ -90,9 +91,8 @@ class FactorizedFL(Method):
 
     def __init__(self, **params: Any):
         super().__init__(**params)
-        self.sends_mu = self.factorized and self.hp.use_mu and self.hp.share == "uvm"
         # Sparse M's size depends on trained values: `fedfactor cost` cannot project it.
-        self.payload_depends_on_values = self.sends_mu
+        self.payload_depends_on_values = self.factorized and self.hp.use_mu and self.hp.share == "uvm"
 
     # -- the model -------------------------------------------------------------------------------
     def prepare_model(self, model: nn.Module) -> nn.Module:
@@ -191,17 +191,14 @@ class FactorizedFL(Method):
             return server
         keys = torch.stack([server["keys"][str(j)].reshape(-1) for j in present])
         sim = cosine_matrix(keys)
-        K = self.ctx.num_clients
-        W = torch.zeros(K, K, dtype=torch.float64)
-        idx = torch.tensor(present)
         if keys.device.type == "meta":  # `fedfactor cost`: who is matched does not change any size
-            W[idx.unsqueeze(1), idx] = 1.0 / len(present)
+            W = self._full(present, torch.full((len(present),) * 2, 1.0 / len(present)), fill=0.0)
         else:
             gen = torch.Generator().manual_seed(self._draw_seed())
             sizes = torch.tensor([server["sizes"][str(j)] for j in present])
-            W[idx.unsqueeze(1), idx] = mixing_weights(
+            W = self._full(present, mixing_weights(
                 sim.cpu(), self.hp.matching, self.hp.weighting, self.hp.tau, self.hp.epsilon,
-                self.hp.minimum_aggr, self.hp.num_matched, sizes, gen)
+                self.hp.minimum_aggr, self.hp.num_matched, sizes, gen), fill=0.0)
             server["counts"] = server["counts"] + (W > 0).long()
             self._diagnose(server, present, sim.cpu(), W)
         server["weights"] = W
@@ -212,10 +209,10 @@ class FactorizedFL(Method):
 
         return derive_seed(self.ctx.seed, self.ctx.round, 2**31 + 1)
 
-    def _full(self, present: list[int], small: torch.Tensor) -> torch.Tensor:
-        """An n x n matrix among the present clients as K x K, NaN for clients without an upload."""
+    def _full(self, present: list[int], small: torch.Tensor, fill: float = float("nan")) -> torch.Tensor:
+        """An n x n matrix among the present clients as K x K, `fill` for clients without an upload."""
         K = self.ctx.num_clients
-        out = torch.full((K, K), float("nan"), dtype=torch.float64)
+        out = torch.full((K, K), fill, dtype=torch.float64)
         idx = torch.tensor(present)
         out[idx.unsqueeze(1), idx] = small.to(torch.float64)
         return out
@@ -244,8 +241,6 @@ class FactorizedFL(Method):
             nonzero, total = sum(c for c, _ in counted), sum(t for _, t in counted)
             log("mu_nonzero", nonzero / len(counted))  # per client, mean over this round's uploads
             log("mu_nonzero_share", nonzero / max(total, 1))
-
-    key_name = "similarity_v"  # the diagnostic name of the matching similarity
 
     # -- client side -----------------------------------------------------------------------------
     def receive(self, k: int, state: State, payload: State) -> State:
