@@ -19,6 +19,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/simulation.smk"  # `snakemake simulate`; not part of `all`
 
 
 rule all:
@@ -26,3 +27,4 @@ rule all:
         f"{STUDY_DIR}/table.md",
         f"{STUDY_DIR}/table.csv",
         f"{STUDY_DIR}/curves.png",
+        f"{STUDY_DIR}/diagnostics/diagnostics.md",

@@ -35,7 +35,10 @@ class Killed(BaseException):
 
 
 def _cfg(method, *extra):
-    sets = [*TINY, f"fl.rounds={ROUNDS}", "checkpoint.every=2", f"method.name={method}", *extra]
+    # FedFac: splitting the 64-channel conv instead of the 512-unit fc keeps the factor analyses fast;
+    # N(0, 1) filters there (the masking ablations) make some clients diverge, which is skipped.
+    fast = ["method.layers=[2]", "fl.on_divergence=skip"] if method.startswith("fedfac") else []
+    sets = [*TINY, f"fl.rounds={ROUNDS}", "checkpoint.every=2", f"method.name={method}", *fast, *extra]
     return load_config(None, sets)
 
 
@@ -55,7 +58,8 @@ def _fit_calls(monkeypatch, on_call):
 
 def _result(out):
     summary = json.loads((out / "summary.json").read_text())
-    metrics = pd.read_csv(out / "metrics.csv").drop(columns="elapsed_seconds")
+    metrics = pd.read_csv(out / "metrics.csv")
+    metrics = metrics.drop(columns=[c for c in metrics if c.endswith("seconds")])  # timings (fedfac.fa_seconds too)
     return {k: v for k, v in summary.items() if k not in TIMING}, metrics
 
 

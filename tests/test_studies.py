@@ -13,12 +13,13 @@ import copy
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from snakemake.utils import validate
 
 from fedfactor.config import load_config
 from fedfactor.data import dataset_info, task_label_maps
-from fedfactor.models import build_model
+from fedfactor.models import build_model, resolve_layers
 from fedfactor.workflow import run_sets
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,3 +100,8 @@ def test_every_scenario_and_method_loads(path, scenario, label):
     # the study's hyperparameters arrive as given, none dropped or renamed on the way
     for key, value in entry.items():
         assert cfg.method[key] == value, f"method {label}: {key} = {cfg.method.get(key)!r}, study gives {value!r}"
+    if "layers" in cfg.method:  # FedFac's Lambda names layers of this scenario's model
+        info = dataset_info(cfg.data.name, REPO / cfg.data.root)
+        with torch.device("meta"):
+            model = build_model(cfg.model.name, info.channels, info.height, info.width, info.num_classes)
+        resolve_layers(model, cfg.method["layers"])

@@ -24,9 +24,9 @@ def test_default_study_dry_run(tmp_path):
     r = _snakemake("-n", "--config", f"results={tmp_path}/results")
     assert r.returncode == 0, r.stderr + r.stdout
     jobs = _job_counts(r.stdout)
-    # 5 scenarios x 6 methods x 2 seeds; one partition per scenario and seed; one dataset
-    assert jobs["train"] == 60 and jobs["partition"] == 10 and jobs["prepare_data"] == 1
-    assert jobs["table"] == 1 and jobs["curves"] == 1 and jobs["mlflow_init"] == 1
+    # 5 scenarios x 7 methods x 2 seeds; one partition per scenario and seed; one dataset
+    assert jobs["train"] == 70 and jobs["partition"] == 10 and jobs["prepare_data"] == 1
+    assert jobs["table"] == 1 and jobs["curves"] == 1 and jobs["mlflow_init"] == 1 and jobs["diagnose"] == 1
 
 
 def test_tiny_study_runs_end_to_end_and_a_rerun_does_nothing(tmp_path):
@@ -45,6 +45,7 @@ def test_tiny_study_runs_end_to_end_and_a_rerun_does_nothing(tmp_path):
     assert sorted(table["method"]) == ["fedavg", "local"] and set(table["seeds"]) == {2}
     assert "| fedavg |" in (out / "table.md").read_text()
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "diagnostics" / "diagnostics.md").exists() and (out / "logs" / "diagnose.log").exists()
     for method in ("local", "fedavg"):
         for seed in (0, 1):
             summary = json.loads((out / "runs" / "perm" / method / f"seed{seed}" / "summary.json").read_text())

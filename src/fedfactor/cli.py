@@ -164,6 +164,26 @@ def cmd_figure(args) -> None:
           f"{counts} ({drawn['clients']} clients) -> {args.out}")
 
 
+def cmd_diagnose(args) -> None:
+    from .report.diagnose import diagnose
+
+    done = diagnose(args.runs, Path(args.out), kappa=args.kappa, method=args.fa_method, mlflow=not args.no_mlflow,
+                    uri=args.uri)
+    rows = done["rows"]
+    errors = int((rows["error"].fillna("") != "").sum()) if len(rows) else 0
+    logged = sum(1 for outcome, _ in done["mlflow"].values() if outcome == "logged")
+    mlflow = "" if args.no_mlflow else f", {logged} logged to MLflow"
+    print(f"{rows['run'].nunique() if len(rows) else 0} runs analysed ({len(rows)} layers, {errors} with errors), "
+          f"{len(done['skipped'])} skipped{mlflow} -> {args.out}")
+
+
+def cmd_simulate(args) -> None:
+    from .analysis.simulation import load_simulation_config, simulate
+
+    md = simulate(load_simulation_config(args.config, args.overrides), Path(args.out))
+    print(md)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedfactor", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"fedfactor {__version__}")
@@ -226,6 +246,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", help="comma-separated rounds to show, e.g. 1,50,100 (default: first, middle, last)")
     p.add_argument("--title", default="", help="figure title (default: scenario / method / seed of the run)")
     p.set_defaults(func=cmd_figure)
+
+    p = sub.add_parser("diagnose", help="factor analysis of every run's client weights (FedFac's shared/personal "
+                                        "split) and FedFac's split history: csv, markdown, PNGs")
+    p.add_argument("runs", nargs="+", help="run folders (holding summary.json) or folders searched for them")
+    p.add_argument("--out", required=True, help="output folder (diagnostics.md, .csv, PNGs)")
+    p.add_argument("--kappa", type=float, default=0.85, help="G = fewest factors explaining this eigenvalue share")
+    p.add_argument("--fa-method", choices=["principal", "eigen"], default="principal",
+                   help="iterated principal factors (the paper) or the official code's direct eigenvectors")
+    p.add_argument("--no-mlflow", action="store_true",
+                   help="do not log the numbers and figures to the runs' MLflow runs")
+    p.add_argument("--uri", help="MLflow store of the runs (default: each run's own tracking.uri)")
+    p.set_defaults(func=cmd_diagnose)
+
+    p = sub.add_parser("simulate", help="FedFac's simulation study (paper 001, Figures 6-7): csv, markdown, PNGs")
+    p.add_argument("--config", help="study config YAML, e.g. config/simulation/fedfac.yaml (defaults: the same)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a dotted config key, e.g. --set train.rounds=5 (repeatable)")
+    p.add_argument("--out", required=True, help="output folder (simulation.csv, .md, rounds.csv, figure6/7.png)")
+    p.set_defaults(func=cmd_simulate)
     return parser
 
 

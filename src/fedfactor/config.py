@@ -95,6 +95,9 @@ class PartitionConfig(Section):
 
 class ModelConfig(Section):
     name: str = "cnn"
+    # Start from torchvision's ImageNet weights (resnet18, vgg16; 3-channel data), all but the head,
+    # as FedFac's official CIFAR runs do; read from $TORCH_HOME/hub/checkpoints, downloaded if missing.
+    pretrained: bool = False
 
 
 class FLConfig(Section):
@@ -139,6 +142,20 @@ class EvalConfig(Section):
     # The number a table reports: last round, best round of the mean, best round of the
     # test-size-weighted mean, or the test accuracy at the round best on validation.
     report: Literal["last", "best", "best_weighted", "best_val"] = "last"
+    # A share of the clients held out of training (FedFac 001 section 3.2, Table 3): never sampled,
+    # not in the accuracies above; after the last round each is scored by the method's strategies
+    # for new clients (summary.json "new_clients").
+    new_clients: Float = Field(0.0, ge=0, lt=1)
+
+
+class DiagnosticsConfig(Section):
+    """What a run keeps for `fedfactor diagnose` (the factor-analysis diagnostics)."""
+
+    # Layers (1-based, models/layers.py; -1 = the layer before the classifier) whose final client
+    # weights go to client_weights.npz; empty: the method's choice (FedFac: its Lambda, others: -1).
+    layers: list[Int] = Field(default_factory=list)
+    keep_weights: bool = True
+    max_clients: Int = Field(10, ge=1)  # clients kept (those trained in the last round first)
 
 
 class TrackingConfig(Section):
@@ -165,14 +182,16 @@ class Config(Section):
     fl: FLConfig = Field(default_factory=FLConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     def to_dict(self) -> dict:
         return self.model_dump()
 
     def result_dict(self) -> dict:
-        """What determines the results: everything but where they are mirrored and checkpointed."""
-        return {k: v for k, v in self.to_dict().items() if k not in ("checkpoint", "tracking")}
+        """What determines the results: everything but where they are mirrored, checkpointed and which
+        weights are kept for diagnostics."""
+        return {k: v for k, v in self.to_dict().items() if k not in ("checkpoint", "diagnostics", "tracking")}
 
     def flat(self) -> dict[str, Any]:
         """Dotted keys -> values, the form MLflow params and tables use."""
@@ -234,7 +253,8 @@ def parse_set(item: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+def read_mapping(path: str | Path | None) -> dict:
+    """A YAML config file as a dict ({} without a path); every failure is one UsageError."""
     raw: Any = {}
     if path is not None:
         try:
@@ -249,6 +269,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
             raise UsageError(f"config file {str(path)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(raw, dict):
         raise UsageError(f"config file {str(path)!r} must hold a mapping of sections")
+    return raw
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    raw = read_mapping(path)
     if isinstance(raw.get("method"), str):  # `method: fedavg` is short for `method: {name: fedavg}`
         raw["method"] = {"name": raw["method"]}
     for item in overrides:

@@ -25,6 +25,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import pandas as pd
 import torch
 import yaml
@@ -33,6 +34,7 @@ from . import __version__
 from .config import Config, flatten
 from .errors import Interrupted, UsageError
 from .fl.simulator import ACCURACY_FIELDS, RoundRecord, Simulator, summarize
+from .models import resolve_layers
 from .io import (atomic_open, atomic_write_json, atomic_write_npy, atomic_write_text, folder_lock,
                  remove_stale_temporaries)
 from .tracking import FINAL_KEYS, RUN_FILES, STATE_FILE, Tracker, run_identity
@@ -40,6 +42,7 @@ from .tracking import FINAL_KEYS, RUN_FILES, STATE_FILE, Tracker, run_identity
 log = logging.getLogger("fedfactor")
 
 CHECKPOINT = "checkpoint.pt"
+WEIGHTS = "client_weights.npz"  # final client weights of the analysed layers (fedfactor diagnose)
 FINGERPRINT = "fingerprint.json"  # the result-determining config of the run this folder holds
 CHECKPOINT_VERSION = 1
 
@@ -110,6 +113,28 @@ def stop_signals(sim: Simulator) -> Iterator[None]:
             signal.signal(s, h)
 
 
+def save_client_weights(cfg: Config, sim: Simulator, path: Path) -> tuple[dict[int, str], list[int]]:
+    """Final client weights of the analysed layers, for `fedfactor diagnose`, as float16 arrays.
+
+    Kept small: at most `diagnostics.max_clients` clients, those trained in the last round first.
+    Returns the layers ({index: module name}) and the clients kept; nothing when the method's model
+    has no plain weight there (factorized layers) or `diagnostics.keep_weights` is false.
+    """
+    d = cfg.diagnostics
+    layers = resolve_layers(sim.model, d.layers) if d.layers else sim.method.analysed_layers()
+    keys = {i: f"{name}.weight" for i, name in layers.items() if f"{name}.weight" in sim.states[0]}
+    if not d.keep_weights or not keys:
+        path.unlink(missing_ok=True)
+        return {}, []
+    last = sim.sample(cfg.fl.rounds)
+    clients = [*last, *(k for k in sim.members if k not in last)][: d.max_clients]
+    arrays = {key: torch.stack([sim.states[k][key] for k in clients]).to(torch.float16).cpu().numpy()
+              for key in keys.values()}
+    with atomic_open(path) as f:
+        np.savez(f, **arrays)
+    return {i: layers[i] for i in keys}, clients
+
+
 def train(cfg: Config, out: Path) -> dict[str, Any]:
     """Run (or resume) the training `cfg` describes in folder `out`; returns the summary."""
     check_output_folder(out)
@@ -137,7 +162,7 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
         # continuation of the old one's checkpoint or MLflow run.
         log.warning("%s held a run of another config (%s): starting over as a new run", out,
                     _differences(previous, fp))
-        for name in (CHECKPOINT, STATE_FILE, "metrics.csv"):
+        for name in (CHECKPOINT, STATE_FILE, "metrics.csv", WEIGHTS):
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(out / "diagnostics", ignore_errors=True)
     (out / "summary.json").unlink(missing_ok=True)  # a stale summary must not survive a failed rerun
@@ -196,6 +221,13 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
     except BaseException:
         tracker.end("FAILED")
         raise
+    new_clients = None
+    if sim.newcomers:
+        scored = sim.evaluate_new_clients()
+        new_clients = {"clients": sim.newcomers, "strategies": {
+            name: {"accuracy_mean": sc.mean, "accuracy_weighted": sc.weighted, "per_client": sc.per_client.tolist()}
+            for name, sc in scored.items()}}
+    analysed, analysed_clients = save_client_weights(cfg, sim, out / WEIGHTS)
     summary = {
         "method": cfg.method["name"],
         "dataset": cfg.data.name,
@@ -216,6 +248,9 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
         "params_total": sim.params_total,
         "wall_seconds": sim.records[-1].elapsed_seconds,
         "resumed_after_rounds": resumed,
+        "new_clients": new_clients,
+        "analysed_layers": {str(i): name for i, name in analysed.items()},
+        "analysed_clients": analysed_clients,
         "mlflow_run_id": tracker.run_id,
         "device": str(sim.device),
         "versions": {"fedfactor": __version__, "torch": torch.__version__, "python": platform.python_version()},
@@ -224,7 +259,10 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
     # summary.json is the job's completion marker: written last, atomically.
     atomic_write_json(out / "summary.json", summary)
     files = [out / name for name in RUN_FILES]
-    tracker.finish({k: summary[k] for k in FINAL_KEYS if summary[k] is not None}, [f for f in files if f.exists()])
+    finals = {k: summary[k] for k in FINAL_KEYS if summary[k] is not None}
+    for name, sc in (new_clients or {"strategies": {}})["strategies"].items():
+        finals[f"new_clients_{name}_accuracy_weighted"] = sc["accuracy_weighted"]
+    tracker.finish(finals, [f for f in files if f.exists()])
     if not cfg.checkpoint.keep:
         ckpt_path.unlink(missing_ok=True)
     return summary

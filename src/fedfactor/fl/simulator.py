@@ -8,6 +8,7 @@ way for every method, so no method can score itself differently.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import sys
@@ -29,12 +30,7 @@ from ..methods import METHODS, Context
 from ..models import build_model
 from .comm import CommMeter
 from .state import State, clone
-from .train import Diverged, Optim, Phase, Split, Trainer
-
-
-def derive_seed(*parts: int) -> int:
-    """An independent seed per (run seed, round, client): results do not depend on client order."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+from .train import Diverged, Optim, Phase, Split, Trainer, derive_seed
 
 
 def build_partition(cfg: Config, y: np.ndarray, n_official_train: int, num_classes: int) -> Partition:
@@ -181,7 +177,8 @@ class Simulator:
 
         torch.manual_seed(cfg.seed)
         with self.device:
-            model = build_model(cfg.model.name, info.channels, info.height, info.width, num_classes)
+            model = build_model(cfg.model.name, info.channels, info.height, info.width, num_classes,
+                                pretrained=cfg.model.pretrained)
             self.model = self.method.prepare_model(model)
         init = clone(self.model.state_dict())
         self.params_total = sum(p.numel() for p in self.model.parameters())
@@ -212,6 +209,14 @@ class Simulator:
             domains=client_domains(label_maps),
         )
         self.method.bind(self.ctx)
+        self.init = init
+        # Clients held out of training (eval.new_clients): never sampled, scored only as new clients.
+        held = int(round(cfg.eval.new_clients * K))
+        if held >= K:
+            raise UsageError(f"eval.new_clients={cfg.eval.new_clients} holds out all {K} clients; lower it")
+        rng = np.random.default_rng(derive_seed(cfg.seed, 2**31 + 2))
+        self.newcomers = sorted(rng.choice(K, size=held, replace=False).tolist()) if held else []
+        self.members = [k for k in range(K) if k not in set(self.newcomers)]
         self.states: list[State] = [self.method.init_client(k, init) for k in range(K)]
         self.server = self.method.init_server(init)
         self.meter = CommMeter()
@@ -293,10 +298,10 @@ class Simulator:
 
     # -- the loop ------------------------------------------------------------------------------
     def sample(self, rnd: int) -> list[int]:
-        K = self.cfg.fl.clients
+        K = len(self.members)
         m = max(1, int(round(self.cfg.fl.fraction * K)))
         rng = np.random.default_rng(derive_seed(self.cfg.seed, rnd, 2**31))
-        return sorted(rng.choice(K, size=m, replace=False).tolist())
+        return sorted(self.members[i] for i in rng.choice(K, size=m, replace=False).tolist())
 
     def _check_interrupt(self) -> None:
         if self.stop_signal is not None:
@@ -359,7 +364,7 @@ class Simulator:
         """
         results = {s: ([], []) for s in splits}
         loss = dict.fromkeys(splits, 0.0)
-        for k in range(self.cfg.fl.clients):
+        for k in self.members:
             state = self.scored_state(k)
             for s in splits:
                 c, n, l = self.trainer.evaluate(state, self.clients[k][s])
@@ -367,6 +372,22 @@ class Simulator:
                 results[s][1].append(n)
                 loss[s] += l
         return {s: Scores(np.array(c), np.array(n), loss[s]) for s, (c, n) in results.items()}
+
+    def evaluate_new_clients(self) -> dict[str, Scores]:
+        """The held-out clients' test scores under each of the method's strategies for new clients."""
+        # As of the last completed round, also in a job resumed after it (random streams derive from it).
+        self.ctx.round, self._generators = self.round, {}
+        results: dict[str, tuple[list, list, float]] = {}
+        members = functools.cache(lambda: [self.scored_state(j) for j in self.members])  # built once, if asked
+        for k in self.newcomers:
+            models = self.method.new_client_models(self.server, k, self.method.init_client(k, self.init), members)
+            for name, model in models.items():
+                split = self.clients[k]["test"]
+                c, n, l = (self.trainer.evaluate_ensemble(model, split) if isinstance(model, list)
+                           else self.trainer.evaluate(self.method.evaluation_state(k, model), split))
+                correct, count, loss = results.get(name, ([], [], 0.0))
+                results[name] = ([*correct, c], [*count, n], loss + l)
+        return {name: Scores(np.array(c), np.array(n), l) for name, (c, n, l) in results.items()}
 
     def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> list[RoundRecord]:
         R = self.cfg.fl.rounds

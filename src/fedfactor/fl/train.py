@@ -14,11 +14,18 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Literal, Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..data.augment import augment_batch
 from .state import State, clone, select
+
+
+def derive_seed(*parts: int) -> int:
+    """An independent seed per (run seed, round, client): results do not depend on client order."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+
 
 
 @dataclass
@@ -198,6 +205,22 @@ class Trainer:
             for entry, value in opt.state.get(p, {}).items():
                 if isinstance(value, torch.Tensor):
                     state[f"optim.{tag}.{name}.{entry}"] = value.detach().clone()
+
+    @torch.no_grad()
+    def evaluate_ensemble(self, states: Sequence[State], split: Split, batch_size: int = 1024) -> tuple[int, int, float]:
+        """(correct, count, summed loss) of the mean predicted class probabilities of several states."""
+        self.model.eval()
+        correct = torch.zeros((), dtype=torch.long, device=self.x.device)
+        loss = torch.zeros((), device=self.x.device)
+        for start in range(0, len(split), batch_size):
+            sl = slice(start, start + batch_size)
+            x = self.x[split.idx[sl]]
+            probs = sum(torch.func.functional_call(self.model, select(s, self.model_keys), (x,)).softmax(1)
+                        for s in states) / len(states)
+            y = split.y[sl]
+            correct += (probs.argmax(1) == y).sum()
+            loss += F.nll_loss(probs.clamp_min(1e-12).log(), y, reduction="sum")
+        return int(correct), len(split), float(loss)
 
     @torch.no_grad()
     def evaluate(self, state: State, split: Split, batch_size: int = 1024) -> tuple[int, int, float]:

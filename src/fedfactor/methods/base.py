@@ -36,6 +36,8 @@ from ..config import Float, Int, validation_message
 from ..errors import UsageError
 from ..fl.state import State, clone, select, weighted_average
 from ..fl.train import Batch, Optim, Phase, Split
+from ..models import resolve_layers
+from . import METHODS
 
 
 @dataclass
@@ -147,6 +149,28 @@ class Method:
     def upload(self, k: int, state: State) -> State:
         return select(state, self.shared)
 
+    # -- diagnostics and new clients -------------------------------------------------------------
+    def analysed_layers(self) -> dict[int, str]:
+        """Layers whose final client weights a run keeps for the factor-analysis diagnostics.
+
+        {paper index: module name}; the layer before the classifier unless a method says otherwise
+        (FedFac: its Lambda). Empty when the model has no plain Conv2d/Linear there (factorized).
+        """
+        try:
+            return resolve_layers(self.ctx.model, [-1])
+        except UsageError:
+            return {}
+
+    def new_client_models(self, server: dict, k: int, fresh: State,
+                          members: Callable[[], list[State]]) -> dict[str, State | list[State]]:
+        """What a client held out of training (`eval.new_clients`) is scored with, per strategy.
+
+        `fresh` is its initial state, `members()` the scored states of the clients that trained; a
+        list of states is scored as an ensemble (mean of predicted probabilities). FedAvg and every
+        method without its own rule: the download, as received (the global model).
+        """
+        return {"received": self.receive(k, fresh, self.download(server, k))}
+
     def evaluation_state(self, k: int, state: State) -> State:
         """What client k is scored with, given the model the evaluation protocol picked.
 
@@ -154,3 +178,12 @@ class Method:
         that scores something else (Per-FedAvg's adaptation step) changes it here.
         """
         return state
+
+
+def variant(name: str, description: str, base: type[Method], **changes: Any) -> type[Method]:
+    """Register a preset of a method's hyperparameters under its own name (an ablation)."""
+    unknown = set(changes) - set(base.defaults)
+    if unknown:
+        raise ValueError(f"{name}: unknown hyperparameters {sorted(unknown)}")
+    cls = type(name, (base,), {"name": name, "defaults": {**base.defaults, **changes}})
+    return METHODS.register(name, description)(cls)

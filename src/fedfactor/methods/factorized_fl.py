@@ -39,9 +39,9 @@ from torch import nn
 from ..errors import UsageError
 from ..analysis.similarity import cosine_matrix, mixing_weights
 from ..fl.state import State, clone, pack_sparse, select, unpack_sparse, weighted_average
-from ..fl.train import Phase
+from ..fl.train import Phase, derive_seed
 from ..nn import LAYOUTS, factorize, factorized_layers
-from .base import Method
+from .base import Method, variant
 from . import METHODS
 
 BITS, VALUES = ".bits", ".values"  # suffixes of a sparse-sent entry: bitmap of non-zeros, their values
@@ -205,8 +205,6 @@ class FactorizedFL(Method):
         return server
 
     def _draw_seed(self) -> int:
-        from ..fl.simulator import derive_seed
-
         return derive_seed(self.ctx.seed, self.ctx.round, 2**31 + 1)
 
     def _full(self, present: list[int], small: torch.Tensor, fill: float = float("nan")) -> torch.Tensor:
@@ -282,24 +280,19 @@ class FactorizedFL(Method):
         self._mu_counts.setdefault(self.ctx.round, []).append((nonzero, total))
 
 
-def variant(name: str, description: str, base: type[FactorizedFL] = FactorizedFL, **changes: Any) -> type:
-    """Register a preset of a method's hyperparameters under its own name (an ablation)."""
-    unknown = set(changes) - set(base.defaults)
-    if unknown:
-        raise ValueError(f"{name}: unknown hyperparameters {sorted(unknown)}")
-    cls = type(name, (base,), {"name": name, "defaults": {**base.defaults, **changes}})
-    return METHODS.register(name, description)(cls)
+def _variant(name: str, description: str, **changes: Any) -> type:
+    return variant(name, description, FactorizedFL, **changes)
 
 
-variant("factorized_fl_beta", "Factorized-FL beta (000): shares U, V and sparse M, personalised by similarity "
+_variant("factorized_fl_beta", "Factorized-FL beta (000): shares U, V and sparse M, personalised by similarity "
         "of v^{L-1}", share="uvm", share_bn=True)
-variant("factorized_fedavg", "Factorized-FedAvg (000 Fig. 7 g): beta without matching, sample-weighted mean",
+_variant("factorized_fedavg", "Factorized-FedAvg (000 Fig. 7 g): beta without matching, sample-weighted mean",
         share="uvm", share_bn=True, matching="fedavg")
-variant("factorized_fedavg_no_mu", "Factorized-FedAvg without mu (000 Fig. 7 g)", share="uvm", share_bn=True,
+_variant("factorized_fedavg_no_mu", "Factorized-FedAvg without mu (000 Fig. 7 g)", share="uvm", share_bn=True,
         matching="fedavg", use_mu=False)
-variant("factorized_fl_random", "Factorized-FL alpha mixing 3 random clients (000 Fig. 7 g)", matching="random")
-variant("factorized_fl_worst", "Factorized-FL alpha mixing the 3 least similar clients (000 Fig. 7 g)",
+_variant("factorized_fl_random", "Factorized-FL alpha mixing 3 random clients (000 Fig. 7 g)", matching="random")
+_variant("factorized_fl_worst", "Factorized-FL alpha mixing the 3 least similar clients (000 Fig. 7 g)",
         matching="worst")
-variant("factorized_fl_axes", "Factorized-FL alpha with SimFed's axes u in R^{I*F}, v in R^{O*F} (000 Fig. 7 k)",
+_variant("factorized_fl_axes", "Factorized-FL alpha with SimFed's axes u in R^{I*F}, v in R^{O*F} (000 Fig. 7 k)",
         layout="simfed")
-variant("factorized_local", "The factorized model trained locally, nothing shared (000 Fig. 7 j)", share="none")
+_variant("factorized_local", "The factorized model trained locally, nothing shared (000 Fig. 7 j)", share="none")

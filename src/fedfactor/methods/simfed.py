@@ -24,7 +24,8 @@ from __future__ import annotations
 import torch
 
 from ..fl.state import State
-from .factorized_fl import FactorizedFL, variant
+from .base import variant
+from .factorized_fl import FactorizedFL
 from . import METHODS
 
 CRITERIA = "simfed.criteria"  # the client's copy of x_N, kept in its state

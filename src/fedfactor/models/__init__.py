@@ -1,5 +1,8 @@
-"""Model registry: `build_model(name, channels, height, width, num_classes)`."""
+"""Model registry: `build_model(name, channels, height, width, num_classes, pretrained)`; layer numbering."""
 
+from .layers import resolve_layers, unit_entries, weight_layers
 from .nets import MODELS, HeadedModel, build_model, resnet9_min_input
+from .vision import femnist_cnn_min_input  # importing vision registers resnet18, vgg16, femnist_cnn
 
-__all__ = ["MODELS", "HeadedModel", "build_model", "resnet9_min_input"]
+__all__ = ["MODELS", "HeadedModel", "build_model", "femnist_cnn_min_input", "resnet9_min_input", "resolve_layers",
+           "unit_entries", "weight_layers"]

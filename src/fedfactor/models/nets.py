@@ -1,4 +1,4 @@
-"""The backbones: ResNet-9 (Factorized-FL), a McMahan-style CNN and an MLP.
+"""The backbones: ResNet-9 (Factorized-FL), a McMahan-style CNN and an MLP (FedFac's: vision.py).
 
 Every model keeps its classifier in `self.head` (a final nn.Linear) and everything else in
 `self.body`, so personalisation methods can split a state dict by the "head." prefix.
@@ -109,11 +109,24 @@ def mlp(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
     return HeadedModel(body, nn.Linear(200, num_classes))
 
 
-def build_model(name: str, channels: int, height: int, width: int, num_classes: int) -> nn.Module:
-    """Build a freshly initialised model; the caller seeds torch beforehand."""
+def build_model(
+    name: str, channels: int, height: int, width: int, num_classes: int, pretrained: bool = False
+) -> nn.Module:
+    """Build a freshly initialised model; the caller seeds torch beforehand.
+
+    pretrained: load torchvision's ImageNet weights into all but the head (resnet18, vgg16 only).
+    """
+    # vision.py registers its models in MODELS, so it imports this module: import it at call time
+    from .vision import check_pretrained, load_imagenet_weights
+
     factory = MODELS.get(name)
     sizes = {"channels": channels, "height": height, "width": width, "num_classes": num_classes}
     for what, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise UsageError(f"model {what} must be an integer >= 1 (got {value!r})")
-    return factory(*(int(v) for v in sizes.values()))
+    if pretrained:
+        check_pretrained(name, channels)
+    model = factory(*(int(v) for v in sizes.values()))
+    if pretrained:
+        load_imagenet_weights(name, model)
+    return model

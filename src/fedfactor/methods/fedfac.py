@@ -1,0 +1,301 @@
+"""FedSplit / FedFac (Wang, Tang and Li; paper 001): factor analysis splits units into shared and personal.
+
+For every layer l in Lambda (`layers`, numbered as `fedfactor.models.weight_layers`: Conv2d/Linear
+1..L in forward order, ResNet shortcut projections not counted, so the paper's {16, 17} for
+ResNet-18 and {15} for VGG-16 mean the same layers here) the server runs a factor analysis on the
+sampled clients' weights of that layer (`fedfactor.analysis.factor`): unit j is shared iff its
+communality nu_j >= tau. Shared units are averaged (sample-weighted, global learning rate eta_g);
+personal units stay with their client. Layers outside Lambda are shared as in FedAvg.
+
+    dynamic (Algorithm 2, the default): a factor analysis every round on the updated weights.
+    static (Algorithm 1): Lambda's layers train locally for `warmup` rounds; the factor analysis of
+        the last warm-up round fixes the split for the rest of the run.
+
+What is sent: layers outside Lambda as FedAvg; of a Lambda layer, the shared units' rows and the
+split (one byte per unit). A round that runs the factor analysis needs every unit of the sampled
+clients, so its upload carries the whole layer (every dynamic round; static: the last warm-up
+round); after that, static FedFac uploads only the shared rows. tau = +-inf needs no analysis.
+
+Choices, each a hyperparameter (README, "FedFac"):
+- `unit_params: follow` (the default): a split unit's bias and BatchNorm affine parameters go with
+  it (shared or personal); `local`: they stay local, as in the official code.
+- BatchNorm running statistics stay local (`share_bn_stats: false`, the official code).
+- `fa_method: principal` is the paper's iterated principal-factor estimation (eq. 7);
+  `eigen` is the official code's `--direct_eigDecom` (communality from raw eigenvectors).
+- `split: random` (Table 8 panel B) keeps as many shared units as the factor analysis picked but
+  draws which at random; `mask: shared|personal` (panel A) replaces that group of a split layer's
+  weight by N(0, 1) values whenever a client receives it (for training and for evaluation), as
+  the official code's `--shared_remove` / `--private_remove`.
+- New clients (001 section 3.2, `eval.new_clients`): `localtrain` trains the personal units of the
+  split layers on the new client's data with every shared unit fixed; `ensemble` averages the
+  predicted class probabilities of the existing clients' personalised models.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+import torch
+
+from ..analysis.factor import factor_analysis, parse_tau, split, unit_matrix
+from ..errors import UsageError
+from ..fl.state import State, select, weighted_average
+from ..fl.train import Phase, derive_seed
+from ..models import resolve_layers, unit_entries
+from .base import Method, variant
+from . import METHODS
+
+MASK = "fedfac.mask."  # payload entry: the split of layer <index>, one bool per unit
+
+
+@METHODS.register("fedfac", "FedFac (001): factor analysis splits the units of the Lambda layers into shared and "
+                  "personal; dynamic (every round) by default")
+class FedFac(Method):
+    name = "fedfac"
+    defaults: dict[str, Any] = {
+        "layers": [-1],  # Lambda, 1-based (models/layers.py); -1: the last layer before the classifier
+        "mode": "dynamic",  # dynamic (Algorithm 2) | static (Algorithm 1)
+        "warmup": 1,  # static: rounds of local training of the Lambda layers before the one analysis
+        "kappa": 0.85,  # G: smallest number of factors explaining this share of the eigenvalues
+        "tau": "mean",  # mean | a quantile (50% or q50) | inf (all personal) | -inf (all shared) | a number
+        "fa_method": "principal",  # principal (eq. 7, iterated) | eigen (the official code)
+        "max_iter": 100,  # principal-factor iterations at most
+        "tol": 1e-4,  # ... until the specific variances change by less than this
+        "split": "factor",  # factor | random (Table 8 panel B)
+        "mask": "none",  # none | shared | personal (Table 8 panel A)
+        "unit_params": "follow",  # follow | local: a split layer's bias and BatchNorm affine parameters
+        "share_bn_stats": False,  # share BatchNorm running statistics (FedAvg does; FedFac's code does not)
+        "global_lr": 1.0,  # eta_g: shared = previous + eta_g * (weighted mean - previous)
+    }
+    CHOICES = {"mode": ("dynamic", "static"), "fa_method": ("principal", "eigen"), "split": ("factor", "random"),
+               "mask": ("none", "shared", "personal"), "unit_params": ("follow", "local")}
+
+    @classmethod
+    def validate_params(cls, params):
+        params = dict(params)
+        if "tau" in params and not isinstance(params["tau"], str):
+            params["tau"] = str(params["tau"])  # YAML reads 0.5 and .inf as numbers
+        if isinstance(params.get("layers"), int):
+            params["layers"] = [params["layers"]]
+        hp = super().validate_params(params)
+        for key, allowed in cls.CHOICES.items():
+            if hp[key] not in allowed:
+                raise UsageError(f"method.{key} must be one of {', '.join(allowed)} (got {hp[key]!r})")
+        try:
+            parse_tau(hp["tau"])
+        except ValueError as e:
+            raise UsageError(f"method.{e}") from None
+        if not hp["layers"] or not all(isinstance(i, int) and not isinstance(i, bool) and i != 0 for i in hp["layers"]):
+            raise UsageError(f"method.layers must be a non-empty list of layer numbers (1..L, or -1 for the layer "
+                             f"before the classifier), got {hp['layers']!r}")
+        if not 0 < hp["kappa"] <= 1:
+            raise UsageError(f"method.kappa must be in (0, 1] (got {hp['kappa']})")
+        for key in ("warmup", "max_iter"):
+            if hp[key] < (1 if key == "warmup" else 0):
+                raise UsageError(f"method.{key} must be >= {1 if key == 'warmup' else 0} (got {hp[key]})")
+        if hp["global_lr"] <= 0 or hp["tol"] <= 0:
+            raise UsageError("method.global_lr and method.tol must be > 0")
+        return hp
+
+    def __init__(self, **params: Any):
+        super().__init__(**params)
+        tau = parse_tau(self.hp.tau)
+        self.fixed = tau if isinstance(tau, float) and math.isinf(tau) else None  # +-inf: no analysis needed
+        # Without a fixed split, the shared rows sent depend on the analysis of trained values.
+        self.payload_depends_on_values = self.fixed is None
+
+    # -- which entries are what ------------------------------------------------------------------
+    def bind(self, ctx) -> None:
+        self.ctx = ctx
+        self.layers = resolve_layers(ctx.model, self.hp.layers)  # {index: module name}
+        head = getattr(ctx.model, "head_name", "head")
+        if ctx.head_local and head in self.layers.values():
+            raise UsageError("method.layers includes the classifier, which stays local in this scenario "
+                             "(clients map classes to outputs differently)")
+        stats = set(ctx.buffer_keys) if not self.hp.share_bn_stats else set()
+        self.units: dict[int, list[str]] = {}  # entries averaged unit by unit
+        kept: set[str] = set(stats)  # entries that never leave the client
+        for idx, name in self.layers.items():
+            entries = unit_entries(ctx.model, name)
+            follow = [e for e in entries if e == f"{name}.weight" or self.hp.unit_params == "follow"]
+            self.units[idx] = [e for e in follow if e not in stats]
+            kept |= set(entries) - set(self.units[idx])
+        split_keys = {e for keys in self.units.values() for e in keys}
+        # A split layer's own entries that never leave the client (unit_params: local): trained with
+        # the personal units when a new client trains locally.
+        self.layer_local = [e for idx, name in self.layers.items() for e in unit_entries(ctx.model, name)
+                            if e in kept and e in ctx.param_keys]
+        if ctx.head_local:
+            kept |= set(ctx.head_keys)
+        self.shared = [k for k in ctx.float_keys if k not in kept and k not in split_keys]
+
+    def analysed_layers(self) -> dict[int, str]:
+        return dict(self.layers)
+
+    def _analyses(self, rnd: int) -> bool:
+        """Whether this round ends with a factor analysis (and so needs whole layers uploaded)."""
+        # tau = +-inf fixes the split from round 1 (mode and warmup then play no part).
+        if self.fixed is not None:
+            return False
+        return self.hp.mode == "dynamic" or rnd == self.hp.warmup
+
+    # -- server ------------------------------------------------------------------------------------
+    def init_server(self, init_state):
+        units = {k: init_state[k].detach().clone() for keys in self.units.values() for k in keys}
+        return {"global": {k: init_state[k].detach().clone() for k in self.shared}, "units": units, "mask": {}}
+
+    def _masks(self, server: dict) -> dict[int, torch.Tensor]:
+        if self.fixed is not None:
+            first = {idx: server["units"][keys[0]] for idx, keys in self.units.items()}
+            return {idx: torch.full((len(t),), self.fixed < 0, dtype=torch.bool, device=t.device)
+                    for idx, t in first.items()}
+        return {int(i): m for i, m in server["mask"].items()}
+
+    def download(self, server: dict, k: int) -> State:
+        payload = dict(server["global"])
+        for idx, mask in self._masks(server).items():
+            payload[f"{MASK}{idx}"] = mask
+            for key in self.units[idx]:
+                payload[key] = server["units"][key][mask]
+        return payload
+
+    def aggregate(self, server: dict, uploads: dict[int, State], weights: dict[int, float]) -> dict:
+        clients = [k for k, u in uploads.items() if u]
+        if not clients:
+            return server
+        w = [weights[k] for k in clients]
+        server["global"] = self._step(server["global"], weighted_average([select(uploads[k], self.shared)
+                                                                           for k in clients], w))
+        rnd = self.ctx.round
+        analysed = self._analyses(rnd)
+        if analysed:
+            server["mask"] = self._analyse(server, {k: uploads[k] for k in clients})
+        for idx, mask in self._masks(server).items():
+            if not mask.any():
+                continue
+            # An analysed round's uploads hold whole layers; afterwards only the shared rows.
+            rows = [{key: uploads[k][key][mask] if analysed else uploads[k][key] for key in self.units[idx]}
+                    for k in clients]
+            prev = {key: server["units"][key][mask] for key in self.units[idx]}
+            new = self._step(prev, weighted_average(rows, w))
+            for key in self.units[idx]:
+                server["units"][key][mask] = new[key]
+        return server
+
+    def _step(self, prev: State, mean: State) -> State:
+        if self.hp.global_lr == 1.0:
+            return mean  # exactly FedAvg's average, not prev + (mean - prev) rounded
+        return {k: prev[k] + self.hp.global_lr * (mean[k] - prev[k]) for k in mean}
+
+    def _analyse(self, server: dict, uploads: dict[int, State]) -> dict[str, torch.Tensor]:
+        """The new split of every Lambda layer from the uploaded weights; logs the diagnostics."""
+        start = time.perf_counter()
+        masks = {}
+        for idx, name in self.layers.items():
+            weights = torch.stack([u[f"{name}.weight"] for u in uploads.values()])
+            try:
+                fa = factor_analysis(unit_matrix(weights), self.hp.kappa, self.hp.fa_method,
+                                     max_iter=self.hp.max_iter, tol=self.hp.tol)
+            except ValueError as e:
+                raise ValueError(f"FedFac round {self.ctx.round}, layer {idx} ({name}): {e}") from None
+            mask = split(fa.communalities, self.hp.tau)
+            if self.hp.split == "random":
+                gen = torch.Generator().manual_seed(derive_seed(self.ctx.seed, self.ctx.round, idx, 17))
+                chosen = torch.randperm(len(mask), generator=gen)[: int(mask.sum())]
+                mask = torch.zeros_like(mask).index_fill_(0, chosen.to(mask.device), True)
+            previous = server["mask"].get(str(idx))
+            self.ctx.log(f"fedfac.shared.{idx}", mask.to(torch.uint8))
+            self.ctx.log(f"fedfac.communality.{idx}", fa.communalities)
+            self.ctx.log(f"fedfac.shared_share.{idx}", mask.double().mean())
+            self.ctx.log(f"fedfac.factors.{idx}", fa.n_factors)
+            if previous is not None:
+                self.ctx.log(f"fedfac.stable_share.{idx}", (previous == mask).double().mean())
+            masks[str(idx)] = mask
+        self.ctx.log("fedfac.fa_seconds", time.perf_counter() - start)
+        return masks
+
+    # -- client ------------------------------------------------------------------------------------
+    def receive(self, k: int, state: State, payload: State) -> State:
+        out = dict(state)
+        out.update({key: t for key, t in payload.items() if key in self.shared})
+        for idx, keys in self.units.items():
+            mask = payload.get(f"{MASK}{idx}")
+            if mask is None:
+                continue
+            out[f"{MASK}{idx}"] = mask  # the client knows its split: static FedFac then sends only shared rows
+            for key in keys:
+                t = out[key].clone()
+                t[mask] = payload[key]
+                out[key] = t
+            if self.hp.mask != "none":
+                out = self._masked(k, out, idx, mask if self.hp.mask == "shared" else ~mask)
+        return out
+
+    def _masked(self, k: int, state: State, idx: int, rows: torch.Tensor) -> State:
+        """Rows of a split layer's weight replaced by N(0, 1) draws (001 Table 8 panel A)."""
+        key = f"{self.layers[idx]}.weight"
+        gen = torch.Generator().manual_seed(derive_seed(self.ctx.seed, self.ctx.round, k, idx, 23))
+        t = state[key].clone()
+        t[rows] = torch.randn((int(rows.sum()), *t.shape[1:]), generator=gen, dtype=t.dtype).to(t.device)
+        return {**state, key: t}
+
+    def upload(self, k: int, state: State) -> State:
+        out = {key: state[key] for key in self.shared}
+        analysed = self._analyses(self.ctx.round)
+        for idx, keys in self.units.items():
+            mask = state.get(f"{MASK}{idx}")
+            if analysed:
+                out.update({key: state[key] for key in keys})  # whole layers: the analysis needs every unit
+            elif mask is not None and mask.any():
+                out.update({key: state[key][mask] for key in keys})
+            # else: static FedFac's warm-up, the Lambda layers train locally
+        return out
+
+    # -- new clients (001 section 3.2) ---------------------------------------------------------------
+    def new_client_models(self, server: dict, k: int, fresh: State,
+                          members: Callable[[], list[State]]) -> dict[str, State | list[State]]:
+        received = self.receive(k, fresh, self.download(server, k))
+        masks = self._masks(server)
+        trained = self._local_train_personal(k, received, masks)
+        return {"received": received, "localtrain": trained, "ensemble": members()}
+
+    def _local_train_personal(self, k: int, state: State, masks: dict[int, torch.Tensor]) -> State:
+        """Train the personal units of the split layers with every shared unit held fixed."""
+        params = dict(self.ctx.model.named_parameters())
+        names = [key for keys in self.units.values() for key in keys if key in params] + self.layer_local
+        hooks = []
+        for idx, mask in masks.items():
+            for key in self.units[idx]:
+                if key in params and mask.any():
+                    keep = (~mask).to(params[key].dtype).view(-1, *[1] * (params[key].dim() - 1))
+                    hooks.append(params[key].register_hook(lambda g, keep=keep: g * keep))
+        try:
+            out, _ = self.ctx.fit(k, state, [Phase(params=names, epochs=self.ctx.epochs)])
+        finally:
+            for h in hooks:
+                h.remove()
+        # Weight decay moves even a zero-gradient row: put the shared units back exactly.
+        for idx, mask in masks.items():
+            for key in self.units[idx]:
+                t = out[key].clone()
+                t[mask] = state[key][mask]
+                out[key] = t
+        return out
+
+
+
+
+def _variant(name: str, description: str, **changes: Any) -> type:
+    return variant(name, description, FedFac, **changes)
+
+
+_variant("fedfac_static", "FedFac static (001 Algorithm 1): one factor analysis after a warm-up round, split fixed",
+         mode="static")
+_variant("fedfac_random", "FedFac with a random split of as many shared units as the factor analysis picks "
+         "(001 Table 8 panel B)", split="random")
+_variant("fedfac_mask_shared", "FedFac, tau = 50%, shared units of the split layers replaced by N(0,1) values "
+         "(001 Table 8 panel A, mask-shared)", tau="50%", mask="shared")
+_variant("fedfac_mask_personal", "FedFac, tau = 50%, personal units of the split layers replaced by N(0,1) values "
+         "(001 Table 8 panel A, mask-personalized)", tau="50%", mask="personal")

@@ -1,0 +1,170 @@
+"""The FedFac paper's models: torchvision's ResNet-18 and VGG-16 (BN), and the FEMNIST CNN.
+
+They follow the official FedFac code (ffair/FedFac, `my_models.py`): CIFAR-10 trains
+`torchvision.models.resnet18` with `fc` replaced by Linear(512, classes), CIFAR-100 trains
+`torchvision.models.vgg16_bn` with `classifier[6]` replaced by Linear(4096, classes), both on 32x32
+images with torchvision's ImageNet architecture unchanged (ResNet-18's 7x7 stride-2 stem and
+max-pool; VGG's 7x7 adaptive average pool feeding 25088 -> 4096 -> 4096). FEMNIST trains the
+official `CNNMnist`. Inside `body` the torchvision modules keep their names, so a torchvision state
+dict maps on by putting "body." in front of every key but the classifier's.
+
+Layer numbering (`weight_layers`, the indices of FedFac's Lambda):
+  resnet18     1 = the stem conv, 2..17 = the convs of the eight residual blocks in order, 18 = head.
+               The three 1x1 downsample convs are `projections` and not counted, as in the paper, so
+               16, 17 are the last block's two convs (torchvision's layer4.1.conv1, layer4.1.conv2).
+               The official code counts the projections and groups each conv with its BatchNorm:
+               its `--partial_cnn_layer 19+20` is the paper's and our {16, 17}.
+  vgg16        1..13 = the convs, 14 = Linear(25088, 4096), 15 = Linear(4096, 4096), 16 = head;
+               the official code numbers 15 the same layer.
+  femnist_cnn  1 = conv1, 2 = conv2, 3 = fc1, 4 = head (the official fc2).
+
+Pretrained weights (`model.pretrained: true`, `build_model(..., pretrained=True)`): the official
+scripts start CIFAR-10's ResNet-18 and CIFAR-100's VGG-16 from torchvision's ImageNet weights, so
+those FedFac rows need `model.pretrained: true`; FEMNIST's CNN starts from scratch. Everything but
+the classifier is loaded; the head stays freshly initialised for the task's classes, as in the
+official code. The weights come through torchvision's weights API, which reads
+$TORCH_HOME/hub/checkpoints/<file> and downloads the file there when it is missing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+
+import torch
+from torch import nn
+from torchvision import models
+from torchvision.models import WeightsEnum
+
+from ..errors import UsageError
+from .nets import MODELS, HeadedModel
+
+# name -> (torchvision's ImageNet weights, the key prefix of torchvision's classifier in them,
+# which our head replaces)
+IMAGENET_WEIGHTS: dict[str, tuple[WeightsEnum, str]] = {
+    "resnet18": (models.ResNet18_Weights.IMAGENET1K_V1, "fc."),
+    "vgg16": (models.VGG16_BN_Weights.IMAGENET1K_V1, "classifier.6."),
+}
+
+
+def _first_conv_for(conv: nn.Conv2d, channels: int) -> nn.Conv2d:
+    """torchvision's first conv, re-made for `channels` input channels (grayscale data, no weights)."""
+    if channels == conv.in_channels:
+        return conv
+    new = nn.Conv2d(channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
+                    bias=conv.bias is not None)
+    # ResNet and VGG initialise every conv this way; the default init would differ from the rest
+    nn.init.kaiming_normal_(new.weight, mode="fan_out", nonlinearity="relu")
+    if new.bias is not None:
+        nn.init.zeros_(new.bias)
+    return new
+
+
+@MODELS.register("resnet18", "torchvision ResNet-18 (ImageNet stem), as FedFac's CIFAR-10; ImageNet weights")
+def resnet18(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
+    tv = models.resnet18(num_classes=num_classes)  # its fc keeps nn.Linear's default init: our head
+    tv.conv1 = _first_conv_for(tv.conv1, channels)
+    # ResNet's stride-2 convs and pools pad enough to keep >= 1 pixel: any input size works
+    parts = [(n, m) for n, m in tv.named_children() if n != "fc"] + [("flatten", nn.Flatten())]
+    model = HeadedModel(nn.Sequential(OrderedDict(parts)), tv.fc)
+    model.projections = tuple(n for n, _ in model.named_modules() if n.endswith(".downsample.0"))
+    return model
+
+
+VGG16_MIN_INPUT = 2 ** 5  # five 2x2 max-pools, each halving the size (rounding down)
+
+
+@MODELS.register("vgg16", "torchvision VGG-16 (BN), as FedFac's CIFAR-100; 32x32 and up; ImageNet weights")
+def vgg16(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
+    m = VGG16_MIN_INPUT
+    if height < m or width < m:
+        raise UsageError(f"vgg16 needs inputs of at least {m}x{m} pixels (got {height}x{width})")
+    tv = models.vgg16_bn()
+    tv.features[0] = _first_conv_for(tv.features[0], channels)
+    body = nn.Sequential(OrderedDict(
+        features=tv.features, avgpool=tv.avgpool, flatten=nn.Flatten(), classifier=tv.classifier[:6]))
+    # a fresh nn.Linear, as the official code's replacement of classifier[6] (not VGG's N(0, 0.01))
+    return HeadedModel(body, nn.Linear(4096, num_classes))
+
+
+def _femnist_cnn_out_size(size: int) -> int:
+    """Spatial size after conv1 (5x5, unpadded), max-pool 2, conv2 (5x5, unpadded), max-pool 2."""
+    return ((size - 4) // 2 - 4) // 2
+
+
+def femnist_cnn_min_input() -> int:
+    return next(s for s in range(1, 64) if _femnist_cnn_out_size(s) >= 1)
+
+
+@MODELS.register("femnist_cnn", "FedFac's FEMNIST CNN (official CNNMnist): 2 unpadded 5x5 conv, fc 512, dropout")
+def femnist_cnn(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
+    """The official CNNMnist without its final Softmax.
+
+    The official code feeds softmax outputs to CrossEntropyLoss, a double softmax; our loss is
+    cross-entropy on logits, so the head returns logits.
+    """
+    h, w = _femnist_cnn_out_size(height), _femnist_cnn_out_size(width)
+    if min(h, w) < 1:
+        m = femnist_cnn_min_input()
+        raise UsageError(f"femnist_cnn needs inputs of at least {m}x{m} pixels (got {height}x{width})")
+    body = nn.Sequential(
+        nn.Conv2d(channels, 32, 5),
+        nn.MaxPool2d(2),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 5),
+        nn.Dropout2d(0.5),
+        nn.MaxPool2d(2),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(64 * h * w, 512),  # 1024 inputs at 28x28
+        nn.ReLU(),
+        nn.Dropout(0.5),
+    )
+    return HeadedModel(body, nn.Linear(512, num_classes))
+
+
+def check_pretrained(name: str, channels: int) -> None:
+    """Fail before building (VGG-16 takes seconds) when `name` cannot start from ImageNet weights."""
+    if name not in IMAGENET_WEIGHTS:
+        raise UsageError(f"model {name!r} has no pretrained weights; model.pretrained: true needs one of: "
+                         f"{', '.join(sorted(IMAGENET_WEIGHTS))}")
+    if channels != 3:
+        raise UsageError(f"the ImageNet weights of {name} need 3-channel (RGB) images, but the data has "
+                         f"{channels} channel(s); set model.pretrained: false")
+
+
+def cached_weights_path(name: str) -> str:
+    """Where torchvision's weights API looks for (and downloads) the weights file of `name`."""
+    weights, _ = IMAGENET_WEIGHTS[name]
+    return os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(weights.url))
+
+
+def load_imagenet_weights(name: str, model: nn.Module) -> None:
+    """Load torchvision's ImageNet weights into everything but the head (left as initialised)."""
+    weights, classifier = IMAGENET_WEIGHTS[name]
+    path = cached_weights_path(name)
+    try:
+        state = weights.get_state_dict(progress=False, map_location="cpu")
+    except Exception as e:  # no network, HTTP errors, an unreadable file: all leave no usable weights
+        if os.path.exists(path):
+            raise UsageError(f"{path} does not hold readable weights ({_one_line(e)}); "
+                             f"replace it with {weights.url}") from e
+        raise UsageError(f"the ImageNet weights of {name} could not be fetched ({_one_line(e)}); "
+                         f"download {weights.url} and place it at {path}") from e
+    # a new dict without torch's _metadata: BatchNorm then fills in num_batches_tracked, which
+    # weights files saved before PyTorch 0.4.1 lack
+    body = {f"body.{k}": v for k, v in state.items() if not k.startswith(classifier)}
+    try:
+        missing, unexpected = model.load_state_dict(body, strict=False)
+    except RuntimeError as e:  # shape mismatches
+        raise UsageError(f"{path} does not hold torchvision's {name} weights ({_one_line(e)})") from e
+    head = getattr(model, "head_name", "head") + "."
+    stray = list(unexpected) + [k for k in missing if not k.startswith(head)]
+    if stray:
+        raise UsageError(f"{path} does not hold torchvision's {name} weights (keys that do not match: "
+                         f"{', '.join(stray[:5])})")
+
+
+def _one_line(e: Exception) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}"

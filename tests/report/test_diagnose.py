@@ -1,0 +1,242 @@
+"""`fedfactor diagnose`: factor analysis of run folders' client weights, FedFac's split history,
+the files it writes, the runs it skips, and the numbers it adds to each run's MLflow run."""
+
+import json
+import logging
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedfactor import tracking
+from fedfactor.cli import main
+from fedfactor.errors import UsageError
+from fedfactor.report.diagnose import analyse_weights, diagnose, stability, unit_order
+
+LAYER, MODULE = 3, "body.7"
+
+
+def planted(seed=0, K=6, d=12, fan_in=32, n_shared=6, noise=0.05):
+    """K clients' weights of a layer of d units: the first n_shared are driven by 2 patterns common
+    to every client (identical across clients but for small noise), the others are independent per
+    client and per unit."""
+    rng = np.random.default_rng(seed)
+    patterns = rng.normal(size=(2, fan_in))
+    w = np.empty((K, d, fan_in), np.float32)
+    for j in range(n_shared):
+        w[:, j] = rng.normal(size=2) @ patterns + noise * rng.normal(size=(K, fan_in))
+    w[:, n_shared:] = rng.normal(size=(K, d - n_shared, fan_in))
+    return w.reshape(K, d, 2, fan_in // 2)  # a conv-like K x d x ... shape: stacking must flatten it
+
+
+def make_run(path, method="fedavg", seed=0, scenario="s", weights=None, layers=None, run_id=None, uri=None):
+    """A finished run folder as a training job leaves it (the fields diagnose reads)."""
+    path.mkdir(parents=True, exist_ok=True)
+    layers = {str(LAYER): MODULE} if layers is None else layers
+    summary = {"scenario": scenario, "method": method, "seed": seed, "accuracy": 0.5, "rounds": 4, "clients": 6,
+               "analysed_layers": layers, "mlflow_run_id": run_id,
+               "config": {"tracking": {"enabled": uri is not None, "uri": uri or "sqlite:///nowhere/mlflow.db"}}}
+    (path / "summary.json").write_text(json.dumps(summary))
+    if weights is not None:
+        np.savez(path / "client_weights.npz", **{f"{MODULE}.weight": weights})
+    return path
+
+
+def write_history(path, states, index=LAYER):
+    for r, s in enumerate(states, start=1):
+        folder = path / "diagnostics" / f"fedfac.shared.{index}"
+        folder.mkdir(parents=True, exist_ok=True)
+        np.save(folder / f"round_{r:04d}.npy", np.asarray(s, np.uint8))
+        folder = path / "diagnostics" / f"fedfac.communality.{index}"
+        folder.mkdir(parents=True, exist_ok=True)
+        np.save(folder / f"round_{r:04d}.npy", np.linspace(0, 1, len(s)))
+
+
+def test_planted_shared_units_have_high_communality_and_personal_ones_low():
+    numbers, nu, curve = analyse_weights(planted(), kappa=0.45)
+    assert (numbers["K"], numbers["d"], numbers["fan_in"]) == (6, 12, 32)
+    # two common patterns: two factors, which explain the shared units almost fully and the others not
+    assert numbers["G"] == 2 and curve[1] >= 0.45 > curve[0]
+    assert nu[:6].min() > 0.9 and nu[6:].max() < 0.1
+    assert numbers["shared_mean"] == numbers["shared_ge0.5"] == numbers["shared_ge0.9"] == 0.5
+    assert numbers["nu_min"] == pytest.approx(nu.min()) and numbers["nu_max"] == pytest.approx(nu.max())
+    # quantile thresholds share ~1 - q of the units by construction (12 distinct values here)
+    assert (numbers["shared_q25"], numbers["shared_q50"], numbers["shared_q75"]) == (0.75, 0.5, 0.25)
+    # the same weights with the units in another order: the same communalities, in that order
+    order = np.random.default_rng(1).permutation(12)
+    _, nu_perm, _ = analyse_weights(planted()[:, order], kappa=0.45)
+    np.testing.assert_allclose(nu_perm, nu[order], atol=1e-6)
+    # without the common patterns nothing stands out
+    _, nu_none, _ = analyse_weights(planted(n_shared=0), kappa=0.45)
+    assert nu_none.max() < 0.9
+
+
+def test_stability_is_the_share_of_units_unchanged_since_the_previous_round():
+    states = np.zeros((4, 10), np.uint8)
+    states[:, :4] = 1
+    states[2:, 7] = 1  # unit 7 becomes shared between rounds 2 and 3
+    np.testing.assert_allclose(stability(states), [1.0, 0.9, 1.0])
+    assert len(stability(states[:1])) == 0  # static FedFac: one analysed round, nothing to compare
+    # the split-history heatmap: most often shared first, ties by index (uint8 counts, no wrap-around)
+    np.testing.assert_array_equal(unit_order(states), [0, 1, 2, 3, 7, 4, 5, 6, 8, 9])
+
+
+def test_diagnose_writes_every_file_and_skips_or_reports_bad_runs(tmp_path, caplog):
+    runs = tmp_path / "runs"
+    make_run(runs / "fedavg0", seed=0, weights=planted(0))
+    make_run(runs / "fedavg1", seed=1, weights=planted(2))
+    make_run(runs / "local0", method="local", weights=planted(0, n_shared=0))
+    fedfac = make_run(runs / "fedfac0", method="fedfac", weights=planted(3))
+    states = np.zeros((4, 12), np.uint8)
+    states[:, :6] = 1
+    states[2:, 9] = 1  # one unit of 12 flips between rounds 2 and 3
+    write_history(fedfac, states)
+    (fedfac / "diagnostics" / f"fedfac.shared.{LAYER}" / ".round_0005.npy.tmp").write_bytes(b"half")  # ignored
+    make_run(runs / "noweights")  # trained before client weights were written
+    make_run(runs / "nolayers", weights=planted(0), layers={})
+    bad = planted(0)
+    bad[1, 2, 0, 0] = np.nan
+    make_run(runs / "nan", seed=5, weights=bad)
+
+    out = tmp_path / "out"
+    caplog.set_level(logging.WARNING, logger="fedfactor")
+    assert main(["-q", "diagnose", str(runs), "--out", str(out), "--kappa", "0.45", "--no-mlflow"]) == 0
+    for name in ("diagnostics.csv", "diagnostics.md", "eigenvalues.csv"):
+        assert (out / name).stat().st_size > 0
+    for name in ("communalities.png", "eigenvalues.png", "split_history.png", "stability.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    assert not list(out.glob(".*.tmp"))
+
+    csv = pd.read_csv(out / "diagnostics.csv", keep_default_na=False, na_values=[""])
+    assert len(csv) == 5 and set(csv["run"].map(lambda p: p.rsplit("/", 1)[-1])) == \
+        {"fedavg0", "fedavg1", "local0", "fedfac0", "nan"}
+    ok = csv[csv["error"].isna()].set_index("run")
+    assert (ok["layer"] == LAYER).all() and (ok["module"] == MODULE).all() and (ok["K"] == 6).all()
+    local = ok.loc[str(runs / "local0")]
+    assert (ok.drop(index=str(runs / "local0"))["G"] == 2).all() and local["G"] > 2  # no common pattern
+    assert local["shared_ge0.9"] == 0
+    fed = ok.loc[str(fedfac)]
+    assert fed["fedfac_rounds"] == 4 and fed["fedfac_shared_last"] == pytest.approx(7 / 12)
+    assert fed["fedfac_stable_last"] == 1.0 and fed["fedfac_stable_mean"] == pytest.approx((1 + 11 / 12 + 1) / 3)
+    assert ok.loc[str(runs / "fedavg0"), "shared_mean"] == 0.5 and ok.loc[str(runs / "fedavg0"), "fedfac_rounds"] == 0
+    (err,) = csv[csv["error"].notna()].itertuples()
+    assert err.seed == 5 and "NaN" in err.error and np.isnan(err.G)
+    assert any("NaN" in r.getMessage() for r in caplog.records)
+
+    md = (out / "diagnostics.md").read_text()
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in md.splitlines()
+            if line.startswith("| s |")}
+    assert set(rows) == {("s", "fedavg"), ("s", "local"), ("s", "fedfac")}
+    assert "| 2.0 +- 0.0 (2) |" in rows["s", "fedavg"] and "| 50 |" in rows["s", "fedavg"]  # G mean of two seeds
+    assert rows["s", "fedfac"].rstrip(" |").endswith("58 | 100 | 97")
+    assert "## Errors" in md and "seed5" in md
+    skipped = md.split("## Skipped runs")[1]
+    assert "noweights" in skipped and "no client_weights.npz" in skipped
+    assert "nolayers" in skipped and "no analysed layer" in skipped
+
+    eig = pd.read_csv(out / "eigenvalues.csv")
+    assert len(eig) == 4 * 12 and eig["run"].nunique() == 4
+    assert np.allclose(eig.groupby("run")["cumulative_share"].max(), 1.0)
+    g = eig[(eig["run"] == str(runs / "fedavg0")) & (eig["factors"] == 2)]["cumulative_share"].item()
+    assert g == pytest.approx(ok.loc[str(runs / "fedavg0"), "eig_share_G"])
+
+
+def test_no_fedfac_run_means_no_split_figures_and_no_analysed_run_still_writes_the_outputs(tmp_path):
+    make_run(tmp_path / "runs" / "a", weights=planted(0))
+    assert diagnose([tmp_path / "runs"], tmp_path / "out", mlflow=False)["rows"]["G"].notna().all()
+    assert (tmp_path / "out" / "communalities.png").exists()
+    assert not (tmp_path / "out" / "split_history.png").exists()
+
+    make_run(tmp_path / "old" / "a")
+    done = diagnose([tmp_path / "old"], tmp_path / "out2", mlflow=False)
+    assert len(done["rows"]) == 0 and len(done["skipped"]) == 1
+    for name in ("diagnostics.md", "diagnostics.csv", "communalities.png", "eigenvalues.png"):
+        assert (tmp_path / "out2" / name).exists()
+    assert "no layer analysed" in (tmp_path / "out2" / "diagnostics.md").read_text()
+
+
+def test_a_damaged_split_history_is_reported_beside_the_analysis(tmp_path):
+    run = make_run(tmp_path / "runs" / "f", method="fedfac", weights=planted(0))
+    write_history(run, np.ones((2, 12)))
+    np.save(run / "diagnostics" / f"fedfac.shared.{LAYER}" / "round_0002.npy", np.full(12, 3, np.uint8))
+    (row,) = diagnose([run], tmp_path / "out", kappa=0.45, mlflow=False)["rows"].itertuples()
+    assert row.G == 2 and "round_0002.npy holds values other than 0 and 1" in row.error
+    md = (tmp_path / "out" / "diagnostics.md").read_text()
+    assert "| s | fedfac |" in md and "## Errors" in md
+
+
+def test_bad_arguments_are_one_line_usage_errors(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["diagnose", str(tmp_path / "empty"), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    make_run(tmp_path / "runs" / "a", weights=planted(0))
+    assert main(["diagnose", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--kappa", "1.5"]) == 2
+    assert "kappa" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="method"):
+        diagnose([tmp_path / "runs"], tmp_path / "out", method="ml")
+    (tmp_path / "file").write_text("")
+    assert main(["diagnose", str(tmp_path / "runs"), "--out", str(tmp_path / "file"), "--no-mlflow"]) == 2
+    assert not (tmp_path / "out").exists()
+
+
+def _mlflow_run(tmp_path, uri, name, method="fedavg", history=None):
+    """A run folder whose training logged to MLflow, as the training job does."""
+    from fedfactor.config import TrackingConfig
+    from fedfactor.tracking import Tracker
+
+    run_dir = tmp_path / "runs" / name
+    tracker = Tracker(TrackingConfig(uri=uri, experiment="diag"), run_dir, {"seed": 0}, {"method": method},
+                      f"s/{method}/seed0")
+    assert tracker.active
+    tracker.log_metrics({"bytes_up": 1.0}, step=1)
+    tracker.finish({"accuracy": 0.5}, [])
+    make_run(run_dir, method=method, weights=planted(0), run_id=tracker.run_id, uri=uri)
+    if history is not None:
+        write_history(run_dir, history)
+    return run_dir, tracker.run_id
+
+
+def test_numbers_and_figures_land_on_the_runs_own_mlflow_run(tmp_path, monkeypatch, caplog):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    a, a_id = _mlflow_run(tmp_path, uri, "a")
+    b, b_id = _mlflow_run(tmp_path, uri, "b", method="fedfac", history=np.eye(3, 12, dtype=np.uint8))
+    client = MlflowClient(tracking_uri=uri)
+
+    # --no-mlflow: nothing is logged
+    assert main(["-q", "diagnose", str(a), "--out", str(tmp_path / "out0"), "--no-mlflow", "--kappa", "0.45"]) == 0
+    assert not any(k.startswith("fa.") for k in client.get_run(a_id).data.metrics)
+
+    # the store named by each run's own config, found from summary.json's run id
+    done = diagnose([tmp_path / "runs"], tmp_path / "out", kappa=0.45)
+    assert done["mlflow"] == {a: ("logged", a_id), b: ("logged", b_id)}
+    run = client.get_run(a_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["final_accuracy"] == 0.5  # the run as trained
+    assert run.data.metrics[f"fa.{LAYER}.factors"] == 2 and run.data.metrics[f"fa.{LAYER}.shared_share_mean"] == 0.5
+    assert run.data.metrics[f"fa.{LAYER}.shared_share_ge0.5"] == 0.5 and run.data.tags["fa.kappa"] == "0.45"
+    assert f"fa.{LAYER}.stable_share_last" not in run.data.metrics
+    assert client.get_run(b_id).data.metrics[f"fa.{LAYER}.stable_share_last"] == pytest.approx(10 / 12)
+    arts = {x.path for x in client.list_artifacts(b_id, "diagnostics")}
+    assert arts == {f"diagnostics/{n}" for n in ("factor_analysis.csv", "communalities.png", "eigenvalues.png",
+                                                 "split_history.png", "stability.png")}
+    assert len(client.search_runs([run.info.experiment_id])) == 2  # no run added
+
+    # again, with the store given and summary.json's id gone: mlflow.json's run key finds the run;
+    # equal values are not logged twice
+    summary = json.loads((a / "summary.json").read_text())
+    (a / "summary.json").write_text(json.dumps({**summary, "mlflow_run_id": None}))
+    assert main(["-q", "diagnose", str(a), "--out", str(tmp_path / "out2"), "--kappa", "0.45", "--uri", uri]) == 0
+    assert len(client.get_metric_history(a_id, f"fa.{LAYER}.factors")) == 1
+
+    # a store that does not exist is not created; one that cannot be read warns and does not fail
+    done = diagnose([a], tmp_path / "out3", kappa=0.45, uri=f"sqlite:///{tmp_path}/other.db")
+    assert done["mlflow"][a][0] == "no run"
+    assert not (tmp_path / "other.db").exists()
+    monkeypatch.setattr(tracking, "RETRY_SECONDS", 0.2)
+    (tmp_path / "broken.db").write_text("not a database")
+    caplog.set_level(logging.WARNING, logger="fedfactor")
+    done = diagnose([tmp_path / "runs"], tmp_path / "out4", kappa=0.45, uri=f"sqlite:///{tmp_path}/broken.db")
+    assert [o for o, _ in done["mlflow"].values()] == ["unreachable", "unreachable"]
+    assert sum("unreachable" in r.getMessage() for r in caplog.records) == 1  # tried once, not for every run
+    assert (tmp_path / "out4" / "diagnostics.md").exists()
