@@ -25,8 +25,8 @@ together): a client-specific intercept in h*_c, so each client's classes are bal
 of the model is unchanged.
 
 Student and training (FedSplit, section 3.2, with a logistic loss). All C clients and their tensors
-are batched (W: C x m x d, b: C x m, a: C x m, b0: C), gradients are written out (one bmm each way),
-so a round of C = 100 clients is a handful of matrix products. Each client runs `local_steps`
+are batched (W: C x m x d, b: C x m, a: C x m, b0: C) and differentiated together by autograd, so a
+round of C = 100 clients is a handful of batched matrix products. Each client runs `local_steps`
 full-batch gradient steps on its mean logistic loss; then the server replaces, for every client, the
 rows of the shared hidden units (and their biases) by their sample-weighted mean over the round's
 participants, and the output layer (a, b0: outside Lambda, so shared as in FedAvg) likewise;
@@ -335,16 +335,13 @@ def logits(model: MLP, x: torch.Tensor) -> torch.Tensor:
 
 
 def loss_and_grads(model: MLP, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, MLP]:
-    """Each client's mean logistic loss (C) and its gradients, written out (tested against autograd)."""
-    n = x.shape[1]
-    h = torch.baddbmm(model.b[:, None, :], x, model.W.transpose(1, 2)).relu_()  # C x n x m
-    f = torch.bmm(h, model.a[:, :, None]).squeeze(2) + model.b0[:, None]  # C x n
-    loss = torch.nn.functional.binary_cross_entropy_with_logits(f, y, reduction="none").mean(1)
-    g_f = (torch.sigmoid(f) - y) / n  # C x n
-    g_a = torch.bmm(g_f[:, None, :], h).squeeze(1)
-    g_z = (g_f[:, :, None] * model.a[:, None, :]).masked_fill_(h <= 0, 0)  # relu'(z) = 1 iff h > 0
-    g_W = torch.bmm(g_z.transpose(1, 2), x)
-    return loss, MLP(g_W, g_z.sum(1), g_a, g_f.sum(1))
+    """Each client's mean logistic loss (C) and its gradients; clients are independent, so the
+    gradient of the summed losses is every client's own."""
+    with torch.enable_grad():
+        leaves = MLP(*(t.detach().requires_grad_(True) for t in (model.W, model.b, model.a, model.b0)))
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits(leaves, x), y, reduction="none").mean(1)
+        grads = torch.autograd.grad(loss.sum(), [leaves.W, leaves.b, leaves.a, leaves.b0])
+    return loss.detach(), MLP(*grads)
 
 
 def local_train(model: MLP, x: torch.Tensor, y: torch.Tensor, lr: float, steps: int,
