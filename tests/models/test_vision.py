@@ -187,3 +187,18 @@ def test_config_key_model_pretrained(tmp_path):
     assert load_config(f, ["model.pretrained=false"]).model.pretrained is False
     with pytest.raises(UsageError, match="model.pretrained"):
         load_config(None, ["model.pretrained=maybe"])
+
+
+def test_costing_a_pretrained_config_needs_no_weights(torch_home, monkeypatch):
+    from fedfactor.config import load_config
+    from fedfactor.fl.simulator import Simulator
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", _no_download)
+    cfg = load_config("config/runs/fedfac.yaml", ["method.name=fedavg", "fl.rounds=1", "fl.clients=4",
+                                                  "tracking.enabled=false"])
+    assert cfg.model.pretrained
+    sim = Simulator(cfg, dry_run=True)  # shapes only: the weights file is neither read nor fetched
+    sim.run()
+    assert sim.meter.up > 0
+    with pytest.raises(UsageError, match="3-channel"):  # a real run does load (and check) the weights
+        Simulator(cfg.model_copy(update={"data": cfg.data.model_copy(update={"name": "digits"})}))

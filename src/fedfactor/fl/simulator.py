@@ -177,8 +177,9 @@ class Simulator:
 
         torch.manual_seed(cfg.seed)
         with self.device:
+            # A dry run (`fedfactor cost`) needs shapes only: no weights file, no download.
             model = build_model(cfg.model.name, info.channels, info.height, info.width, num_classes,
-                                pretrained=cfg.model.pretrained)
+                                pretrained=cfg.model.pretrained and not dry_run)
             self.model = self.method.prepare_model(model)
         init = clone(self.model.state_dict())
         self.params_total = sum(p.numel() for p in self.model.parameters())

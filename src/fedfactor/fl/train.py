@@ -27,7 +27,6 @@ def derive_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
 
 
-
 @dataclass
 class Split:
     """One client's split: indices into the pooled device tensor x, and the client's own labels."""
