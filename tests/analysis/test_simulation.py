@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from fedfactor.analysis.simulation import (MLP, aggregate, fa_mask, generate, init_mlp, load_simulation_config,
+from fedfactor.analysis.simulation import (aggregate, fa_mask, generate, init_mlp, load_simulation_config,
                                            local_train, loss_and_grads, run_setting, settings_of)
 from fedfactor.cli import main
 from fedfactor.errors import UsageError
