@@ -13,7 +13,7 @@ open"); where they disagree (the evaluation protocol) each paper's run config sa
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler,
@@ -272,22 +272,35 @@ def read_mapping(path: str | Path | None) -> dict:
     return raw
 
 
+def apply_overrides(raw: dict, overrides: list[str]) -> None:
+    """Apply `--set dotted.key=value` items to a raw config mapping, in order."""
+    for item in overrides:
+        _set_dotted(raw, *parse_set(item))
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validated(model: type[M], raw: dict) -> M:
+    """`raw` as the typed config `model`; the first problem as one UsageError naming the key."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        message = validation_message(e)
+        if e.errors()[0]["type"] == "extra_forbidden":
+            message += _valid_keys(model, ".".join(map(str, e.errors()[0]["loc"])))
+        raise UsageError(message) from None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
     raw = read_mapping(path)
     if isinstance(raw.get("method"), str):  # `method: fedavg` is short for `method: {name: fedavg}`
         raw["method"] = {"name": raw["method"]}
-    for item in overrides:
-        _set_dotted(raw, *parse_set(item))
+    apply_overrides(raw, overrides)
     method = raw.setdefault("method", {"name": "fedavg"})
     if not isinstance(method, dict) or not isinstance(method.get("name"), str):
         raise UsageError("config key 'method' must be a name or a mapping with a 'name'")
-    try:
-        cfg = Config.model_validate(raw)
-    except ValidationError as e:
-        message = validation_message(e)
-        if e.errors()[0]["type"] == "extra_forbidden":
-            message += _valid_keys(Config, ".".join(map(str, e.errors()[0]["loc"])))
-        raise UsageError(message) from None
+    cfg = validated(Config, raw)
     from .methods import METHODS  # torch is imported only once a config is otherwise valid
 
     params = {k: v for k, v in cfg.method.items() if k != "name"}

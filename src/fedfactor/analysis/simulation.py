@@ -99,9 +99,9 @@ from typing import Annotated, Any, Callable, Literal
 
 import numpy as np
 import torch
-from pydantic import BeforeValidator, Field, ValidationError, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 
-from ..config import Float, Int, Section, _set_dotted, _valid_keys, parse_set, read_mapping, validation_message
+from ..config import Float, Int, Section, apply_overrides, read_mapping, validated
 from ..errors import UsageError
 from .factor import factor_analysis, parse_tau, split, unit_matrix
 
@@ -218,15 +218,8 @@ def panels_of(cfg: SimulationConfig) -> list[tuple[str, float, float]]:
 def load_simulation_config(path: str | Path | None = None, overrides: list[str] = ()) -> SimulationConfig:
     """The typed study config from YAML and dotted `--set` overrides; every failure is one UsageError."""
     raw = read_mapping(path)
-    for item in overrides:
-        _set_dotted(raw, *parse_set(item))
-    try:
-        cfg = SimulationConfig.model_validate(raw)
-    except ValidationError as e:
-        message = validation_message(e)
-        if e.errors()[0]["type"] == "extra_forbidden":
-            message += _valid_keys(SimulationConfig, ".".join(map(str, e.errors()[0]["loc"])))
-        raise UsageError(message) from None
+    apply_overrides(raw, overrides)
+    cfg = validated(SimulationConfig, raw)
     check_settings(cfg)
     return cfg
 
@@ -567,7 +560,7 @@ def figure6(cfg: SimulationConfig, rounds, out: str | Path) -> None:
     from matplotlib.ticker import MaxNLocator
 
     from ..io import atomic_write_bytes
-    from ..report.figures import _png
+    from ..report.figures import _png, mean_band
 
     panels = panels_of(cfg)
     names = [n for n in cfg.decompositions if n in set(rounds["decomposition"])]
@@ -577,10 +570,7 @@ def figure6(cfg: SimulationConfig, rounds, out: str | Path) -> None:
     for ax, (title, p, alpha) in zip(slots, panels):
         for i, name in enumerate(names):
             d = rounds[(rounds.p == p) & (rounds.alpha == alpha) & (rounds.decomposition == name)]
-            g = d.groupby("round")["accuracy"]
-            mean, std = 100 * g.mean(), 100 * g.std(ddof=0).fillna(0)
-            ax.plot(mean.index, mean, color=f"C{i}", label=name)
-            ax.fill_between(mean.index, mean - std, mean + std, color=f"C{i}", alpha=0.2, linewidth=0)
+            mean_band(ax, d, "accuracy", f"C{i}", name)
         ax.set_title(title)
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -429,54 +429,53 @@ def _method_lines(ax, runs: list[LayerResult], xy, colors: dict[str, str], step:
         labelled.add(m)
 
 
-def _communalities_png(results: list[LayerResult], kappa: float) -> bytes:
-    """ECDF of nu, one panel per scenario x layer, one line per run coloured by method."""
-    title = "Communalities nu of the clients' final weights (ECDF)"
-    results = [r for r in results if r.nu is not None]
+def _layer_figure(results: list[LayerResult], title: str, draw, legend: str) -> bytes:
+    """One panel per scenario x layer; `draw(ax, runs, colors)` adds the lines of its runs."""
     if not results:
         return _nothing_png(title, "no layer analysed")
     panels = _panels(results)
     colors = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(r.row["method"] for r in results))}
     plt, fig, axes = _grid(len(panels))
     for ax, ((scenario, layer, module), runs) in zip(axes, panels.items()):
-        def ecdf(r):
-            x = np.sort(r.nu)
-            return np.concatenate([[0.0], x]), np.concatenate([[0.0], np.arange(1, len(x) + 1) / len(x)])
-
-        _method_lines(ax, runs, ecdf, colors)
+        draw(ax, runs, colors)
         ax.set_title(f"{scenario}, layer {layer} ({module})", fontsize="medium")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small", loc=legend)
+    return _finish(plt, fig, title)
+
+
+def _communalities_png(results: list[LayerResult], kappa: float) -> bytes:
+    """ECDF of nu, one panel per scenario x layer, one line per run coloured by method."""
+    def ecdf(r):
+        x = np.sort(r.nu)
+        return np.concatenate([[0.0], x]), np.concatenate([[0.0], np.arange(1, len(x) + 1) / len(x)])
+
+    def draw(ax, runs, colors):
+        _method_lines(ax, runs, ecdf, colors)
         ax.set_xlabel("communality nu")
         ax.set_ylabel("share of units with nu <= x")
         ax.set_xlim(0, max(1.0, max(float(r.nu.max()) for r in runs)))
-        ax.set_ylim(0, 1.02)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small", loc="upper left")
-    return _finish(plt, fig, title)
+
+    return _layer_figure([r for r in results if r.nu is not None],
+                         "Communalities nu of the clients' final weights (ECDF)", draw, "upper left")
 
 
 def _eigenvalues_png(results: list[LayerResult], kappa: float) -> bytes:
     """Cumulative eigenvalue share against the number of factors, kappa marked."""
-    title = f"Cumulative eigenvalue share of R (G = first m reaching kappa = {kappa:g})"
-    results = [r for r in results if r.curve is not None and len(r.curve)]
-    if not results:
-        return _nothing_png(title, "no layer analysed")
     from matplotlib.ticker import MaxNLocator
 
-    panels = _panels(results)
-    colors = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(r.row["method"] for r in results))}
-    plt, fig, axes = _grid(len(panels))
-    for ax, ((scenario, layer, module), runs) in zip(axes, panels.items()):
-        _method_lines(ax, runs, lambda r: (np.arange(0, len(r.curve) + 1), np.concatenate([[0.0], r.curve])), colors,
-                      step=False)
+    def draw(ax, runs, colors):
+        _method_lines(ax, runs, lambda r: (np.arange(0, len(r.curve) + 1), np.concatenate([[0.0], r.curve])),
+                      colors, step=False)
         ax.axhline(kappa, color="grey", linestyle="--", linewidth=1)
-        ax.set_title(f"{scenario}, layer {layer} ({module})", fontsize="medium")
         ax.set_xlabel("factors m")
         ax.set_ylabel("cumulative eigenvalue share")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylim(0, 1.02)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small", loc="lower right")
-    return _finish(plt, fig, title)
+
+    return _layer_figure([r for r in results if r.curve is not None and len(r.curve)],
+                         f"Cumulative eigenvalue share of R (G = first m reaching kappa = {kappa:g})", draw,
+                         "lower right")
 
 
 def _split_history_png(results: list[LayerResult]) -> bytes:

@@ -47,6 +47,14 @@ def _read_metrics(path: Path) -> pd.DataFrame:
     return m
 
 
+def mean_band(ax, frame, column: str, color: str, label: str) -> None:
+    """The mean over seeds of `column` per round, in %, with a +-std band."""
+    g = frame.groupby("round")[column]
+    mean, std = 100 * g.mean(), 100 * g.std(ddof=0)
+    ax.plot(mean.index, mean, color=color, label=label)
+    ax.fill_between(mean.index, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
+
+
 def accuracy_curves(curves: pd.DataFrame, out: str | Path, title: str = "") -> list[str]:
     """One panel per scenario: mean client accuracy per round, mean over seeds with a +-std band.
 
@@ -69,10 +77,7 @@ def accuracy_curves(curves: pd.DataFrame, out: str | Path, title: str = "") -> l
             d = curves[(curves.scenario == scenario) & (curves.method == method)]
             if d.empty:
                 continue
-            g = d.groupby("round")["accuracy_mean"]
-            mean, std = 100 * g.mean(), 100 * g.std(ddof=0)
-            ax.plot(mean.index, mean, color=colors[method], label=method)
-            ax.fill_between(mean.index, mean - std, mean + std, color=colors[method], alpha=0.2, linewidth=0)
+            mean_band(ax, d, "accuracy_mean", colors[method], method)
         ax.set_title(scenario)
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
