@@ -38,6 +38,8 @@ def _cfg(method, *extra):
     # FedFac: splitting the 64-channel conv instead of the 512-unit fc keeps the factor analyses fast;
     # N(0, 1) filters there (the masking ablations) make some clients diverge, which is skipped.
     fast = ["method.layers=[2]", "fl.on_divergence=skip"] if method.startswith("fedfac") else []
+    if method.startswith("feddecomp"):  # two epochs, so both of FedDecomp's phases run
+        fast = ["fl.epochs=2", "method.e_lora=1"]
     sets = [*TINY, f"fl.rounds={ROUNDS}", "checkpoint.every=2", f"method.name={method}", *fast, *extra]
     return load_config(None, sets)
 

@@ -149,8 +149,20 @@ def cmd_curves(args) -> None:
 
 
 def cmd_figure(args) -> None:
+    if args.kind != "similarity":
+        from .report.decomp import decomposition_figure, elora_figure
+
+        if args.rounds is not None:
+            raise UsageError(f"--rounds applies to --kind similarity only, not {args.kind}")
+        draw = {"decomp": decomposition_figure, "elora": elora_figure}[args.kind]
+        table = draw(args.runs, args.out, title=args.title)
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        print(f"{args.kind} figure -> {args.out}", file=sys.stderr)
+        return
     from .report.heatmaps import similarity_heatmaps
 
+    if len(args.runs) != 1:
+        raise UsageError(f"--kind similarity draws one run; got {len(args.runs)} folders")
     rounds = None
     if args.rounds is not None:
         try:
@@ -158,7 +170,7 @@ def cmd_figure(args) -> None:
         except ValueError:
             raise UsageError(f"--rounds {args.rounds!r} is not a comma-separated list of round numbers, "
                              "e.g. --rounds 1,50,100") from None
-    drawn = similarity_heatmaps(args.run_dir, args.out, rounds=rounds, title=args.title)
+    drawn = similarity_heatmaps(args.runs[0], args.out, rounds=rounds, title=args.title)
     counts = "" if drawn["counts_round"] is None else f", matching counts after round {drawn['counts_round']}"
     print(f"similarity heatmaps of {', '.join(drawn['rows'])} at rounds {', '.join(map(str, drawn['rounds']))}"
           f"{counts} ({drawn['clients']} clients) -> {args.out}")
@@ -240,11 +252,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--title", default="")
     p.set_defaults(func=cmd_curves)
 
-    p = sub.add_parser("figure", help="PNG heatmaps of a run's client similarities (u, v, z) and matching counts")
-    p.add_argument("run_dir", help="a run's --out folder (holding diagnostics/)")
+    p = sub.add_parser("figure", help="a run's similarity heatmaps (Factorized-FL, SimFed), FedDecomp's sigma/tau "
+                                      "diagnostics per round, or its E_lora sweep: PNG")
+    p.add_argument("runs", nargs="+", help="similarity: one run's --out folder (holding diagnostics/); decomp, "
+                                           "elora: run folders or folders searched for summary.json")
+    p.add_argument("--kind", choices=["similarity", "decomp", "elora"], default="similarity",
+                   help="similarity: client-similarity heatmaps and matching counts (000 Fig. 7); decomp: "
+                        "FedDecomp's sigma distance, delta sigma and delta tau per round (004 Fig. 6, Table 6), "
+                        "printing the last round's values; elora: reported accuracy against E_lora (004 Fig. 5), "
+                        "printing the numbers drawn")
     p.add_argument("--out", required=True, help="PNG file")
-    p.add_argument("--rounds", help="comma-separated rounds to show, e.g. 1,50,100 (default: first, middle, last)")
-    p.add_argument("--title", default="", help="figure title (default: scenario / method / seed of the run)")
+    p.add_argument("--rounds", help="similarity: comma-separated rounds to show, e.g. 1,50,100 (default: first, "
+                                    "middle, last)")
+    p.add_argument("--title", default="", help="figure title (similarity default: scenario / method / seed of the run)")
     p.set_defaults(func=cmd_figure)
 
     p = sub.add_parser("diagnose", help="factor analysis of every run's client weights (FedFac's shared/personal "

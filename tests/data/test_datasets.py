@@ -15,16 +15,22 @@ import socket
 import struct
 import tarfile
 import threading
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.io
 import torch
+import torch.nn.functional as F
+from PIL import Image
 from torchvision import datasets as tvd
 
-from fedfactor.data import DATASETS, dataset_info, load_dataset, make_splits, prepare_dataset
+from fedfactor.data import DATASETS, augment_batch, dataset_info, load_dataset, make_splits, prepare_dataset
+from fedfactor.data.augment import default_pad
 from fedfactor.errors import UsageError
+
+TINY = type(DATASETS.get("tinyimagenet"))  # its URL and MD5 are patched like torchvision's constants
 
 
 def md5(path: Path) -> str:
@@ -140,6 +146,44 @@ def write_mnist(folder: Path, gz_only: bool = False, n_train: int = 6, n_test: i
     return out
 
 
+TINY_WNIDS = ["n03", "n01", "n02"]  # not sorted: labels must follow the file's order
+TINY_TRAIN_PER_CLASS = [2, 3, 2]
+TINY_VAL_WNIDS = ["n02", "n03", "n01", "n02"]
+
+
+def write_tiny_imagenet(root: Path, seed: int = 3) -> dict:
+    """tiny-imagenet-200/ as in the cs231n zip: wnids.txt, words.txt, train/<wnid>/images/<wnid>_<n>.JPEG
+    (one of them greyscale) with <wnid>_boxes.txt, val/images/val_<n>.JPEG with val/val_annotations.txt,
+    and an unlabelled test/images part. The expected arrays are the JPEGs as PIL decodes them."""
+    rng = np.random.default_rng(seed)
+    folder = root / "tiny-imagenet-200"
+    (folder / "test" / "images").mkdir(parents=True)
+    (folder / "wnids.txt").write_text("".join(f"{w}\n" for w in TINY_WNIDS))
+    (folder / "words.txt").write_text("".join(f"{w}\tthing {w}\n" for w in sorted(TINY_WNIDS)))
+
+    def jpeg(path: Path, grey: bool = False) -> np.ndarray:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, size=(64, 64) if grey else (64, 64, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(path)
+        with Image.open(path) as image:
+            assert image.mode == ("L" if grey else "RGB")
+            return np.asarray(image.convert("RGB")).transpose(2, 0, 1)
+
+    x_train, y_train = [], []
+    for label, (wnid, n) in enumerate(zip(TINY_WNIDS, TINY_TRAIN_PER_CLASS)):
+        images_dir = folder / "train" / wnid / "images"
+        x_train += [jpeg(images_dir / f"{wnid}_{i}.JPEG", grey=(label, i) == (1, 1)) for i in range(n)]
+        y_train += [label] * n
+        (folder / "train" / wnid / f"{wnid}_boxes.txt").write_text(f"{wnid}_0.JPEG\t0\t0\t63\t63\n")
+    x_val = [jpeg(folder / "val" / "images" / f"val_{i}.JPEG") for i in range(len(TINY_VAL_WNIDS))]
+    (folder / "val" / "val_annotations.txt").write_text(
+        "".join(f"val_{i}.JPEG\t{w}\t1\t2\t60\t61\n" for i, w in enumerate(TINY_VAL_WNIDS))
+    )
+    jpeg(folder / "test" / "images" / "test_0.JPEG")
+    y_val = [TINY_WNIDS.index(w) for w in TINY_VAL_WNIDS]
+    return {"x": [np.stack(x_train), np.stack(x_val)], "y": np.array(y_train + y_val), "grey": 3}
+
+
 def check_loaded(ds, written: dict, n_train: int) -> None:
     assert ds.n_official_train == n_train
     assert ds.x.dtype == torch.float32 and ds.y.dtype == torch.int64
@@ -153,7 +197,7 @@ def check_loaded(ds, written: dict, n_train: int) -> None:
 
 def test_registry_lists_every_dataset_with_one_line_descriptions():
     names = [n for n, _ in DATASETS.describe()]
-    assert names == ["cifar10", "cifar100", "digits", "mnist", "npz:PATH", "svhn"]
+    assert names == ["cifar10", "cifar100", "digits", "mnist", "npz:PATH", "svhn", "tinyimagenet"]
     assert all(d and "\n" not in d for _, d in DATASETS.describe())
 
 
@@ -165,6 +209,7 @@ def test_registry_lists_every_dataset_with_one_line_descriptions():
         ("cifar10", (3, 32, 32), 10, "crop_flip"),
         ("cifar100", (3, 32, 32), 100, "crop_flip"),
         ("svhn", (3, 32, 32), 10, "crop"),
+        ("tinyimagenet", (3, 64, 64), 200, "crop_flip"),
     ],
 )
 def test_dataset_info_is_static_and_needs_no_files(tmp_path, name, shape, classes, augment):
@@ -175,7 +220,7 @@ def test_dataset_info_is_static_and_needs_no_files(tmp_path, name, shape, classe
 
 
 def test_unknown_dataset_names_the_choices():
-    with pytest.raises(UsageError, match="choose one of: cifar10, cifar100, digits, mnist, npz:PATH, svhn"):
+    with pytest.raises(UsageError, match="choose one of: cifar10, cifar100, digits, mnist, npz:PATH, svhn, tinyimagenet"):
         dataset_info("imagenet")
     with pytest.raises(UsageError, match="choose one of"):
         load_dataset("imagenet")
@@ -396,17 +441,102 @@ def test_mnist_loads_the_idx_files_written(tmp_path, monkeypatch):
     check_loaded(ds, written, 6)
 
 
+def test_tinyimagenet_loads_train_then_labelled_val_in_wnids_order(tmp_path):
+    written = write_tiny_imagenet(tmp_path)
+    ds = load_dataset("tinyimagenet", tmp_path)
+    assert ds.x.shape == (7 + 4, 3, 64, 64) and ds.info.num_classes == 200
+    # the labels follow wnids.txt, the val part (labels from val_annotations.txt) is the test part,
+    # and the unlabelled test/images part is left out
+    assert ds.y.tolist() == [0, 0, 1, 1, 1, 2, 2, 2, 0, 1, 2]
+    check_loaded(ds, written, 7)
+    grey = written["x"][0][written["grey"]]
+    assert (grey[0] == grey[1]).all() and (grey[0] == grey[2]).all()  # "L" was spread over RGB
+    splits = make_splits(len(ds.y), ds.n_official_train, mode="official")
+    assert np.array_equal(splits["test"], np.arange(7, 11))
+
+
+def test_tinyimagenet_decodes_once_into_a_cache(tmp_path, monkeypatch):
+    written = write_tiny_imagenet(tmp_path)
+    first = load_dataset("tinyimagenet", tmp_path)
+    cache = tmp_path / TINY.CACHE
+    with np.load(cache) as f:
+        assert (f["x_train"].dtype, f["y_train"].dtype) == (np.uint8, np.int64)
+        assert f["x_train"].shape == (7, 3, 64, 64) and f["x_test"].shape == (4, 3, 64, 64)
+        np.testing.assert_array_equal(f["x_test"], written["x"][1])
+    assert not list(tmp_path.glob(".*.tmp"))  # written atomically: no temporary left behind
+
+    def no_decoding(path):
+        raise AssertionError(f"decoded {path} again")
+
+    with monkeypatch.context() as m:
+        m.setattr("fedfactor.data.datasets._decode_jpeg", no_decoding)
+        second = load_dataset("tinyimagenet", tmp_path)
+    assert torch.equal(first.x, second.x) and torch.equal(first.y, second.y)
+
+    cache.write_bytes(b"half a cache")  # unreadable: decoded again and rewritten
+    check_loaded(load_dataset("tinyimagenet", tmp_path), written, 7)
+    with np.load(cache) as f:
+        np.testing.assert_array_equal(f["y_test"], written["y"][7:])
+
+
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        ("wnids.txt", "missing tiny-imagenet-200/wnids.txt"),
+        ("val/val_annotations.txt", "missing tiny-imagenet-200/val/val_annotations.txt"),
+        ("val/images/val_2.JPEG", "cannot read {folder}/val/images/val_2.JPEG"),
+        ("train/n01/images", "{folder}/train/n01/images holds no .JPEG images"),
+    ],
+)
+def test_tinyimagenet_missing_file_is_named_in_one_line(tmp_path, damage, named):
+    write_tiny_imagenet(tmp_path)
+    folder = tmp_path / "tiny-imagenet-200"
+    path = folder / damage
+    if path.is_dir():
+        for image in path.iterdir():
+            image.unlink()
+    else:
+        path.unlink()
+    with pytest.raises(UsageError) as err:
+        load_dataset("tinyimagenet", tmp_path)
+    text = assert_one_line(err)
+    assert named.format(folder=folder) in text and "fedfactor prepare-data --dataset tinyimagenet" in text
+    assert not (tmp_path / TINY.CACHE).exists()
+
+
+def test_tinyimagenet_val_annotation_of_an_unknown_class_is_a_usage_error(tmp_path):
+    write_tiny_imagenet(tmp_path)
+    annotations = tmp_path / "tiny-imagenet-200" / "val" / "val_annotations.txt"
+    annotations.write_text(annotations.read_text() + "val_9.JPEG\tn99\t0\t0\t1\t1\n")
+    with pytest.raises(UsageError, match="val_annotations.txt line 5 is not a file name and a class") as err:
+        load_dataset("tinyimagenet", tmp_path)
+    assert_one_line(err)
+
+
+def test_default_augmentation_crops_and_flips_64px_images():
+    x = torch.arange(1, 4 * 3 * 64 * 64 + 1, dtype=torch.float32).reshape(4, 3, 64, 64)
+    out = augment_batch(x, dataset_info("tinyimagenet").augment, torch.Generator().manual_seed(0))
+    assert out.shape == x.shape and not torch.equal(out, x)
+    pad = default_pad(64)
+    for image, got in zip(x, out):
+        padded = F.pad(image, (pad, pad, pad, pad))
+        crops = [padded[:, i : i + 64, j : j + 64] for i in range(2 * pad + 1) for j in range(2 * pad + 1)]
+        assert any(torch.equal(got, c) or torch.equal(got.flip(-1), c) for c in crops)
+
+
 def write_unpatched(name: str, root: Path) -> None:
     """Real-format files whose md5s differ from the constants torchvision ships."""
     if name == "cifar10":
         write_cifar(root, tvd.CIFAR10)
     elif name == "svhn":
         write_svhn(root)
+    elif name == "tinyimagenet":  # only the zip has a checksum
+        (root / TINY.ARCHIVE).write_bytes(b"not the real zip")
     else:  # torchvision only checksums MNIST's .gz archives
         write_mnist(root / "MNIST" / "raw")
 
 
-@pytest.mark.parametrize("name", ["cifar10", "svhn", "mnist"])
+@pytest.mark.parametrize("name", ["cifar10", "svhn", "mnist", "tinyimagenet"])
 def test_checksum_mismatch_is_a_usage_error(tmp_path, name):
     write_unpatched(name, tmp_path)
     with pytest.raises(UsageError, match="failed its checksum") as err:
@@ -414,7 +544,7 @@ def test_checksum_mismatch_is_a_usage_error(tmp_path, name):
     assert "delete it" in assert_one_line(err)
 
 
-@pytest.mark.parametrize("name", ["cifar10", "cifar100", "svhn", "mnist"])
+@pytest.mark.parametrize("name", ["cifar10", "cifar100", "svhn", "mnist", "tinyimagenet"])
 def test_missing_files_tell_the_user_to_prepare_data(tmp_path, name):
     with pytest.raises(UsageError, match=f"fedfactor prepare-data --dataset {name}") as err:
         load_dataset(name, tmp_path)
@@ -518,7 +648,44 @@ def test_prepare_downloads_mnist_archives(tmp_path, monkeypatch, server):
     check_loaded(load_dataset("mnist", root), written, 6)
 
 
-@pytest.mark.parametrize("name", ["cifar10", "svhn", "mnist"])
+def write_tiny_imagenet_zip(folder: Path) -> tuple[dict, Path]:
+    written = write_tiny_imagenet(folder / "build")
+    archive = folder / TINY.ARCHIVE
+    with zipfile.ZipFile(archive, "w") as zf:
+        for path in sorted((folder / "build").rglob("*")):
+            zf.write(path, path.relative_to(folder / "build"))
+    return written, archive
+
+
+def test_prepare_downloads_extracts_and_caches_tinyimagenet(tmp_path, monkeypatch, server):
+    folder, base = server
+    root = tmp_path / "root"
+    written, archive = write_tiny_imagenet_zip(folder)
+    monkeypatch.setattr(TINY, "URL", f"{base}/{archive.name}")
+    monkeypatch.setattr(TINY, "MD5", md5(archive))
+
+    with pytest.raises(UsageError, match="prepare-data --dataset tinyimagenet"):
+        load_dataset("tinyimagenet", root)  # download=False never downloads
+    summary = prepare_dataset("tinyimagenet", root)
+    assert md5(root / archive.name) == md5(archive)
+    assert (root / "tiny-imagenet-200" / "val" / "val_annotations.txt").is_file()
+    assert (root / TINY.CACHE).is_file()
+    assert (summary["samples"], summary["official_train"], summary["official_test"]) == (11, 7, 4)
+    assert summary["shape"] == [3, 64, 64] and len(summary["class_counts"]) == 200
+    assert summary["class_counts"][:4] == [3, 4, 4, 0]
+    check_loaded(load_dataset("tinyimagenet", root), written, 7)
+
+
+def test_tinyimagenet_download_failing_its_checksum_is_a_usage_error(tmp_path, monkeypatch, server):
+    folder, base = server
+    _, archive = write_tiny_imagenet_zip(folder)
+    monkeypatch.setattr(TINY, "URL", f"{base}/{archive.name}")  # MD5 left at the real zip's
+    with pytest.raises(UsageError, match="tiny-imagenet-200.zip failed its checksum") as err:
+        prepare_dataset("tinyimagenet", tmp_path / "root")
+    assert_one_line(err)
+
+
+@pytest.mark.parametrize("name", ["cifar10", "svhn", "mnist", "tinyimagenet"])
 def test_unreachable_download_is_a_one_line_usage_error(tmp_path, monkeypatch, name):
     nowhere = closed_port_url()
     if name == "cifar10":
@@ -527,6 +694,8 @@ def test_unreachable_download_is_a_one_line_usage_error(tmp_path, monkeypatch, n
         monkeypatch.setattr(
             tvd.SVHN, "split_list", {s: [f"{nowhere}/{e[1]}", e[1], e[2]] for s, e in tvd.SVHN.split_list.items()}
         )
+    elif name == "tinyimagenet":
+        monkeypatch.setattr(TINY, "URL", nowhere + "/" + TINY.ARCHIVE)
     else:
         monkeypatch.setattr(tvd.MNIST, "mirrors", [nowhere + "/a/", nowhere + "/b/"])
     with pytest.raises(UsageError, match=f"could not download {name}") as err:

@@ -6,12 +6,15 @@ decides which are train, val and test. Everything is loaded into memory at once:
 indexes every client's samples out of that one tensor, on the GPU when there is one.
 
 Torchvision's own classes download and checksum the image datasets; this module only reads their
-`.data`/`.targets` arrays and turns their errors into one-line UsageErrors.
+`.data`/`.targets` arrays and turns their errors into one-line UsageErrors. Tiny-ImageNet has no
+torchvision class: torchvision's downloader fetches and checks its zip, and this module decodes
+its JPEGs once into an .npz cache.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import shlex
 import socket
 import urllib.error
@@ -25,7 +28,10 @@ import torch
 
 from ..devices import resolve_device
 from ..errors import UsageError
+from ..io import atomic_open
 from ..registry import Registry
+
+log = logging.getLogger("fedfactor")
 
 SPLIT_MODES = ("pooled", "official")
 NPZ_PREFIX = "npz:"
@@ -286,6 +292,115 @@ class _Mnist(_Torchvision):
         return _Arrays(x_train, _labels(train.targets), x_test, _labels(test.targets))
 
 
+class _TinyImageNet(_Torchvision):
+    """Tiny-ImageNet: the train part, then the labelled val part as the official test part.
+
+    The zip's own test part has no labels and is not read. Labels follow wnids.txt. Decoding the
+    110,000 JPEGs takes up to a minute or two, so the first read caches the arrays in one .npz next to
+    the extracted folder and every later read (each training job) loads that; delete the .npz to
+    decode the folder again.
+    """
+
+    # Class attributes read at call time, so tests can patch them.
+    URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
+    MD5 = "90528d7ca1a48142e341f4ef8d21d0de"
+    ARCHIVE = "tiny-imagenet-200.zip"
+    FOLDER = "tiny-imagenet-200"
+    CACHE = "tiny-imagenet-200.npz"
+
+    def files(self, root: Path) -> list[_File]:
+        folder = root / self.FOLDER
+        return [
+            _File(folder / "wnids.txt", None, True),
+            _File(folder / "val" / "val_annotations.txt", None, True),
+            _File(root / self.ARCHIVE, self.MD5, False),
+        ]
+
+    def read(self, root: Path, download: bool) -> _Arrays:
+        cache = root / self.CACHE
+        if cache.is_file():
+            cached = _read_cache(cache)
+            if cached is not None:
+                return cached
+        folder = root / self.FOLDER
+        if download and not (folder / "wnids.txt").is_file():
+            from torchvision.datasets.utils import download_and_extract_archive
+
+            download_and_extract_archive(self.URL, str(root), filename=self.ARCHIVE, md5=self.MD5)
+        log.info("decoding the Tiny-ImageNet JPEGs under %s once; later reads use %s", folder, cache)
+        arrays = self._decode(root, folder)
+        _write_cache(cache, arrays)
+        return arrays
+
+    def _decode(self, root: Path, folder: Path) -> _Arrays:
+        again = f"delete {folder} and run {_prepare_command(self._info.name, root)} to extract it again"
+        wnids = (folder / "wnids.txt").read_text().split()
+        labels = {wnid: i for i, wnid in enumerate(wnids)}
+        train: list[tuple[Path, int]] = []
+        for i, wnid in enumerate(wnids):
+            class_images = sorted((folder / "train" / wnid / "images").glob("*.JPEG"))
+            if not class_images:
+                raise UsageError(f"{folder / 'train' / wnid / 'images'} holds no .JPEG images; {again}")
+            train += [(path, i) for path in class_images]
+        annotations = folder / "val" / "val_annotations.txt"
+        val: list[tuple[Path, int]] = []
+        for n, line in enumerate(annotations.read_text().splitlines(), 1):
+            fields = line.split("\t")
+            if len(fields) < 2 or fields[1] not in labels:
+                raise UsageError(
+                    f"{annotations} line {n} is not a file name and a class from wnids.txt "
+                    f"({_one_line(line)!r}); {again}"
+                )
+            val.append((folder / "val" / "images" / fields[0], labels[fields[1]]))
+        x_train, y_train = self._decode_jpegs(train, again)
+        x_test, y_test = self._decode_jpegs(val, again)
+        return _Arrays(x_train, y_train, x_test, y_test)
+
+    def _decode_jpegs(self, items: list[tuple[Path, int]], again: str) -> tuple[np.ndarray, np.ndarray]:
+        c, h, w = self._info.channels, self._info.height, self._info.width
+        x = np.empty((len(items), c, h, w), dtype=np.uint8)
+        for i, (path, _) in enumerate(items):
+            try:
+                image = _decode_jpeg(path)
+            except OSError as err:  # missing, corrupt or truncated: name the file, not just the error
+                raise UsageError(f"cannot read {path} ({_one_line(err.strerror or err)}); {again}") from err
+            if image.shape != (h, w, c):
+                raise UsageError(f"{path} is {image.shape[1]}x{image.shape[0]}, not {w}x{h}; {again}")
+            x[i] = image.transpose(2, 0, 1)
+        return x, np.array([label for _, label in items], dtype=np.int64)
+
+
+def _decode_jpeg(path: Path) -> np.ndarray:
+    """An image file as an RGB uint8 [H, W, 3] array (some Tiny-ImageNet JPEGs are greyscale)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+_CACHE_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def _read_cache(path: Path) -> _Arrays | None:
+    """The cached arrays, or None (and a warning) when the file cannot be read."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return _Arrays(*(f[k] for k in _CACHE_KEYS))
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
+        log.warning("cannot read the cache %s (%s); decoding the images again", path, _one_line(err))
+        return None
+
+
+def _write_cache(path: Path, arrays: _Arrays) -> None:
+    # Uncompressed: the pixels barely compress and loading must be fast. A data root one may not
+    # write to (a shared read-only copy) only costs the decoding again next time.
+    try:
+        with atomic_open(path) as f:
+            np.savez(f, **{k: getattr(arrays, k) for k in _CACHE_KEYS})
+    except OSError as err:
+        log.warning("cannot write the cache %s (%s); the next read decodes again", path, _one_line(err))
+
+
 def _hwc_to_chw(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(x).transpose(0, 3, 1, 2))
 
@@ -473,6 +588,11 @@ _ENTRIES: list[tuple[str, str, _Source]] = [
         "svhn",
         "SVHN house-number digits, 99,289 32x32 colour images (train+test), 10 classes (torchvision download)",
         _Svhn(DatasetInfo("svhn", 3, 32, 32, 10, "crop")),
+    ),
+    (
+        "tinyimagenet",
+        "Tiny-ImageNet objects, 110,000 64x64 colour images (train + labelled val), 200 classes (cs231n download)",
+        _TinyImageNet(DatasetInfo("tinyimagenet", 3, 64, 64, 200, "crop_flip")),
     ),
     (
         _NPZ_ENTRY,

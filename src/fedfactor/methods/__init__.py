@@ -9,5 +9,5 @@ from ..registry import Registry
 
 METHODS = Registry("method")
 
-from . import factorized_fl, fedavg, fedfac, fedprox, local, simfed  # noqa: E402,F401  (registration side effects)
+from . import factorized_fl, fedavg, feddecomp, fedfac, fedprox, local, simfed  # noqa: E402,F401  (registration side effects)
 from .base import Context, Method  # noqa: E402,F401

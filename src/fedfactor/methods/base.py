@@ -80,6 +80,8 @@ class Method:
     # Hyperparameters with their defaults, typed from them; `method.<key>` in the config overrides
     # them. A value may be a pydantic Field to add a range, e.g. {"mu": Field(0.01, ge=0)}.
     defaults: ClassVar[dict[str, Any]] = {}
+    # Hyperparameters that take one of a few names: {key: allowed values}, checked with the defaults.
+    CHOICES: ClassVar[dict[str, Sequence[str]]] = {}
     # True when what is sent depends on trained values (sparse or pruned payloads): `fedfactor cost`
     # cannot project it from shapes and says so.
     payload_depends_on_values: ClassVar[bool] = False
@@ -98,13 +100,17 @@ class Method:
         model = create_model(f"{cls.__name__}Params", __config__=ConfigDict(extra="forbid", allow_inf_nan=False),
                              **fields)
         try:
-            return model.model_validate(dict(params)).model_dump()
+            hp = model.model_validate(dict(params)).model_dump()
         except ValidationError as e:
             first = e.errors()[0]
             if first["type"] == "extra_forbidden":
                 valid = ", ".join(cls.defaults) or "none"
                 raise UsageError(f"method {cls.name!r} has no parameter {first['loc'][0]!r}; valid: {valid}") from None
             raise UsageError(validation_message(e, prefix="method.")) from None
+        for key, allowed in cls.CHOICES.items():
+            if hp[key] not in allowed:
+                raise UsageError(f"method.{key} must be one of {', '.join(allowed)} (got {hp[key]!r})")
+        return hp
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Change the model before the run starts (runs on the meta device for `fedfactor cost`)."""

@@ -81,9 +81,6 @@ class FactorizedFL(Method):
     @classmethod
     def validate_params(cls, params):
         hp = super().validate_params(params)
-        for key, allowed in cls.CHOICES.items():
-            if hp[key] not in allowed:
-                raise UsageError(f"method.{key} must be one of {', '.join(allowed)} (got {hp[key]!r})")
         for key in ("rank", "minimum_aggr", "num_matched", "criteria_inputs"):
             if key in hp and hp[key] < 1:
                 raise UsageError(f"method.{key} must be >= 1 (got {hp[key]})")

@@ -80,9 +80,6 @@ class FedFac(Method):
         if isinstance(params.get("layers"), int):
             params["layers"] = [params["layers"]]
         hp = super().validate_params(params)
-        for key, allowed in cls.CHOICES.items():
-            if hp[key] not in allowed:
-                raise UsageError(f"method.{key} must be one of {', '.join(allowed)} (got {hp[key]!r})")
         try:
             parse_tau(hp["tau"])
         except ValueError as e:

@@ -3,6 +3,7 @@
 from .layers import resolve_layers, unit_entries, weight_layers
 from .nets import MODELS, HeadedModel, build_model, resnet9_min_input
 from .vision import femnist_cnn_min_input  # importing vision registers resnet18, vgg16, femnist_cnn
+from . import resnets  # noqa: E402,F401  registers resnet8, resnet10 (FedDecomp) and their CIFAR-stem forms
 
 __all__ = ["MODELS", "HeadedModel", "build_model", "femnist_cnn_min_input", "resnet9_min_input", "resolve_layers",
            "unit_entries", "weight_layers"]

@@ -47,10 +47,10 @@ def _read_metrics(path: Path) -> pd.DataFrame:
     return m
 
 
-def mean_band(ax, frame, column: str, color: str, label: str) -> None:
-    """The mean over seeds of `column` per round, in %, with a +-std band."""
+def mean_band(ax, frame, column: str, color: str, label: str, scale: float = 100.0) -> None:
+    """The mean over seeds of `column` per round, times `scale` (accuracies in %), with a +-std band."""
     g = frame.groupby("round")[column]
-    mean, std = 100 * g.mean(), 100 * g.std(ddof=0)
+    mean, std = scale * g.mean(), scale * g.std(ddof=0)
     ax.plot(mean.index, mean, color=color, label=label)
     ax.fill_between(mean.index, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
 
