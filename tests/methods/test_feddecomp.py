@@ -91,6 +91,9 @@ def test_simultaneous_training_is_one_phase_of_every_parameter(tiny):
     sim = _sim(tiny, "fl.epochs=3", "method.name=feddecomp_simultaneous")
     (phase,) = sim.method.plan(0, sim.states[0], {})
     assert phase.params is None and phase.epochs == 3
+    # e_lora plays no part: one local epoch is fine with the default e_lora = 2
+    one = _sim(tiny, "fl.epochs=1", "method.name=feddecomp_simultaneous", "method.e_lora=2").method
+    assert one.plan(0, {}, {})[0].epochs == 1 and one.shared
 
 
 def test_server_averages_uniformly_unless_asked_to_weigh_by_samples(tiny):

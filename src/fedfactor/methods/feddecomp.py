@@ -84,7 +84,7 @@ class FedDecomp(Method):
                          generator)
 
     def bind(self, ctx) -> None:
-        if self.hp.e_lora > ctx.epochs:
+        if self.hp.training == "alternating" and self.hp.e_lora > ctx.epochs:
             raise UsageError(f"method.e_lora={self.hp.e_lora} exceeds the {ctx.epochs} local epochs (fl.epochs)")
         self.layers = lowrank_layers(ctx.model)
         self.tau_keys = [f"{n}.{p}" for n in self.layers for p in ("tau_b", "tau_a")]
