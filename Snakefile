@@ -1,5 +1,6 @@
-# fedfactor workflow: data -> partition -> train (scenario x method x seed) -> results table.
-# Logic lives in the fedfactor package; each rule is one CLI call with a log.
+# fedfactor workflow: data -> partition -> train (scenario x method x seed) -> diagnostics -> tables,
+# claims, figures -> report. Logic lives in the fedfactor package; each rule is one CLI call with a log
+# and a benchmark file.
 from snakemake.utils import min_version, validate
 
 min_version("8.0")
@@ -15,16 +16,45 @@ if "study" not in config:
 validate(config, "workflow/schemas/config.schema.yaml", set_default=True)
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
-include: "workflow/rules/data.smk"
-include: "workflow/rules/train.smk"
-include: "workflow/rules/report.smk"
-include: "workflow/rules/simulation.smk"  # `snakemake simulate`; not part of `all`
 
 
-rule all:
-    input:
-        f"{STUDY_DIR}/table.md",
-        f"{STUDY_DIR}/table.csv",
-        f"{STUDY_DIR}/curves.png",
-        f"{STUDY_DIR}/diagnostics/diagnostics.md",
+if config.get("simulation"):  # FedFac's simulation study: no data, no runs
+
+    include: "workflow/rules/simulation.smk"
+
+    rule all:
+        input:
+            rules.simulate.output,
+
+else:
+
+    include: "workflow/rules/study.smk"
+    include: "workflow/rules/data.smk"
+    include: "workflow/rules/train.smk"
+    include: "workflow/rules/report.smk"
+    include: "workflow/rules/simulation.smk"  # `snakemake simulate`; not part of `all`
+
+    wildcard_constraints:
+        scenario="|".join(map(re.escape, SCENARIOS)),
+        method="|".join(map(re.escape, METHODS)),
+        seed=r"\d+",
+
+    # Small rules run where Snakemake runs, also under a cluster profile: the download needs the
+    # internet, the others take seconds (a queue wait would cost more).
+    localrules:
+        prepare_data,
+        partition,
+        mlflow_init,
+        study_spec,
+        table,
+        paper_tables,
+        claims,
+        figures,
+
+    rule all:
+        input:
+            study_targets(),

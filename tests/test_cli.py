@@ -276,3 +276,16 @@ def test_bad_output_and_config_paths_are_one_line_exit_2_before_anything_runs(tm
     err = capsys.readouterr().err
     assert err.startswith("fedfactor: error:") and err.count("\n") == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and (tmp_path / "file").read_text() == "keep me"
+
+
+def test_study_spec_checks_what_the_workflow_passes_and_writes_it(tmp_path, capsys):
+    spec = {"study": "s", "title": "S", "smoke": False, "seeds": [0], "scenarios": ["a"],
+            "methods": {"fedavg": {"name": "fedavg", "implemented": True}, "fedper": {"name": "fedper", "implemented": False}},
+            "paper": None, "claims": []}
+    assert main(["study-spec", "--json", json.dumps(spec), "--out", str(tmp_path / "study.json")]) == 0
+    assert json.loads((tmp_path / "study.json").read_text())["methods"]["fedper"]["implemented"] is False
+    assert "not implemented yet: 1" in capsys.readouterr().out
+    for bad in ("[1]", "{", json.dumps({**spec, "seeds": "0"})):
+        assert main(["study-spec", "--json", bad, "--out", str(tmp_path / "bad.json")]) == 2
+        assert not (tmp_path / "bad.json").exists()
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
@@ -26,7 +27,28 @@ def test_default_study_dry_run(tmp_path):
     jobs = _job_counts(r.stdout)
     # 5 scenarios x 10 methods x 2 seeds; one partition per scenario and seed; one dataset
     assert jobs["train"] == 100 and jobs["partition"] == 10 and jobs["prepare_data"] == 1
-    assert jobs["table"] == 1 and jobs["curves"] == 1 and jobs["mlflow_init"] == 1 and jobs["diagnose"] == 1
+    assert jobs["table"] == 1 and jobs["figures"] == 1 and jobs["mlflow_init"] == 1 and jobs["diagnose"] == 1
+    assert jobs["study_spec"] == 1 and "paper_tables" not in jobs and "claims" not in jobs  # no paper behind it
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"select": {"methods": ["nosuch"]}}, "select.methods names 'nosuch', which the study does not list"),
+    ({"claims": [{"id": "x", "claim": "c", "source": "s", "kind": "order", "a": "fedavg", "b": "zz",
+                  "scenarios": ["a"]}]}, "claim 'x' names method 'zz', which the study does not list"),
+    ({"smoke": "maybe"}, "'maybe' is not of type 'boolean'"),
+])
+def test_a_bad_study_fails_the_dry_run_with_one_clear_message(tmp_path, extra, message):
+    study = tmp_path / "bad.yaml"
+    study.write_text(json.dumps({"study": "bad", "run_config": str(REPO / "config" / "runs" / "digits.yaml"),
+                                 "seeds": [0], "scenarios": {"a": {"partition": {"kind": "iid"}}},
+                                 "methods": {"fedavg": {"name": "fedavg"}}, **extra}))
+    r = _snakemake("-n", "--configfile", str(study), cwd=tmp_path)
+    assert r.returncode != 0 and message in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_lint_is_clean(tmp_path):
+    r = _snakemake("--lint", "--config", f"results={tmp_path}/results")
+    assert r.returncode == 0 and "Congratulations" in r.stdout + r.stderr, r.stdout + r.stderr
 
 
 def test_tiny_study_runs_end_to_end_and_a_rerun_does_nothing(tmp_path):
@@ -41,10 +63,11 @@ def test_tiny_study_runs_end_to_end_and_a_rerun_does_nothing(tmp_path):
     r = _snakemake("--cores", "2", "--configfile", str(study), cwd=tmp_path)
     assert r.returncode == 0, r.stderr + r.stdout
     out = tmp_path / "results" / "tiny"
-    table = pd.read_csv(out / "table.csv")
+    table = pd.read_csv(out / "tables" / "table.csv")
     assert sorted(table["method"]) == ["fedavg", "local"] and set(table["seeds"]) == {2}
-    assert "| fedavg |" in (out / "table.md").read_text()
-    assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert not table["smoke_run_synthetic_data"].any()
+    assert "| fedavg |" in (out / "tables" / "table.md").read_text()
+    assert (out / "figures" / "accuracy_rounds.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "diagnostics" / "diagnostics.md").exists() and (out / "logs" / "diagnose.log").exists()
     for method in ("local", "fedavg"):
         for seed in (0, 1):
@@ -60,3 +83,52 @@ def test_tiny_study_runs_end_to_end_and_a_rerun_does_nothing(tmp_path):
 
     again = _snakemake("-n", "--configfile", str(study), cwd=tmp_path)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+    # a changed hyperparameter of one method re-runs that method's jobs (and the reports), nothing else
+    spec = json.loads(study.read_text())
+    spec["methods"]["fedavg"] = {"name": "fedprox", "mu": 0.0}
+    study.write_text(json.dumps(spec))
+    changed = _snakemake("-n", "--configfile", str(study), cwd=tmp_path)
+    assert changed.returncode == 0, changed.stderr + changed.stdout
+    jobs = _job_counts(changed.stdout)
+    assert jobs["train"] == 2 and "partition" not in jobs and "mlflow_init" not in jobs
+    assert re.findall(r"wildcards: scenario=perm, method=(\w+), seed=\d", changed.stdout) == ["fedavg", "fedavg"]
+
+
+# ---------------------------------------------------------------------------------------------
+# fedfactor.workflow: what the Snakefile asks of the package
+
+from fedfactor.errors import UsageError  # noqa: E402
+from fedfactor.workflow import deep_merge, implemented, scenario_overrides, selected  # noqa: E402
+
+
+def _study(**extra):
+    return {"study": "s", "run_config": str(REPO / "config" / "runs" / "digits.yaml"),
+            "scenarios": {"a": {"partition": {"kind": "iid"}, "fl": {"rounds": 50, "epochs": 5}},
+                          "b": {"data": {"name": "cifar10"}, "partition": {"kind": "dirichlet"}}},
+            "methods": {"fedavg": {"name": "fedavg"}, "fedper": {"name": "fedper_not_yet"}}, **extra}
+
+
+def test_study_overrides_win_over_the_scenarios_own_values_key_by_key():
+    assert deep_merge({"fl": {"rounds": 50, "epochs": 5}, "x": 1}, {"fl": {"rounds": 2}}) == {
+        "fl": {"rounds": 2, "epochs": 5}, "x": 1}
+    study = _study(overrides={"fl": {"rounds": 2}})
+    assert scenario_overrides(study, "a") == {"partition": {"kind": "iid"}, "fl": {"rounds": 2, "epochs": 5}}
+
+
+def test_a_smoke_study_swaps_each_dataset_for_its_synthetic_stand_in():
+    study = _study(smoke=True)
+    assert scenario_overrides(study, "a")["data"] == {"name": "synthetic:digits"}  # the run config's dataset
+    assert scenario_overrides(study, "b")["data"] == {"name": "synthetic:cifar10"}
+    assert "data" not in scenario_overrides(_study(), "a")
+
+
+def test_select_narrows_a_study_in_its_own_order_and_names_unknown_entries():
+    assert selected(_study(select={"scenarios": ["b", "a"]}), "scenarios") == ["a", "b"]
+    assert selected(_study(select={"methods": ["fedavg"]}), "methods") == ["fedavg"]
+    with pytest.raises(UsageError, match="select.methods names 'fedprox', which the study does not list"):
+        selected(_study(select={"methods": ["fedprox"]}), "methods")
+
+
+def test_methods_not_implemented_yet_are_told_apart():
+    assert implemented(_study(), ["fedavg", "fedper"]) == {"fedavg": True, "fedper": False}

@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import sys
+import tempfile
 from pathlib import Path
 
 from . import __version__
@@ -32,9 +33,12 @@ def _config(args):
 
 
 def cmd_train(args) -> None:
+    from .devices import claim_gpus
     from .job import train
 
-    summary = train(_config(args), Path(args.out))
+    cfg = _config(args)
+    claim_gpus(args.gpus, args.gpu_locks)
+    summary = train(cfg, Path(args.out))
     print(f"{summary['scenario']}/{summary['method']}/seed{summary['seed']}: accuracy {summary['accuracy']:.4f} "
           f"({summary['protocol']['report']}, round {summary['accuracy_round']}; last {summary['accuracy_mean']:.4f} "
           f"+- {summary['accuracy_std']:.4f}, best {summary['accuracy_best_mean']:.4f} at round "
@@ -136,9 +140,55 @@ def cmd_mlflow_import(args) -> None:
 def cmd_table(args) -> None:
     from .report.table import collect, write_tables
 
+    skipped = None
+    if args.study:
+        from .report.study import load_study
+
+        skipped = {k: m.name for k, m in load_study(args.study).methods.items() if not m.implemented}
     runs = collect(args.runs)
-    md = write_tables(runs, args.out_md, args.out_csv, title=args.title)
+    md = write_tables(runs, args.out_md, args.out_csv, title=args.title, out_html=args.out_html, skipped=skipped)
     print(md)
+
+
+def cmd_study_spec(args) -> None:
+    from .io import atomic_write_json
+    from .report.study import check_spec
+
+    try:
+        raw = json.loads(args.json)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--json is not JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise UsageError("--json must be one JSON object (the study)")
+    spec = check_spec(raw)
+    atomic_write_json(args.out, spec.model_dump(mode="json"))
+    skipped = [k for k, m in spec.methods.items() if not m.implemented]
+    print(f"study {spec.study}: {len(spec.scenarios)} scenarios, {len(spec.methods) - len(skipped)} methods"
+          f"{f' (not implemented yet: {len(skipped)})' if skipped else ''}, {len(spec.seeds)} seeds, "
+          f"{len(spec.claims)} claims -> {args.out}")
+
+
+def cmd_paper_tables(args) -> None:
+    from .report.paper import paper_tables
+    from .report.study import load_study
+
+    paper_tables(load_study(args.study), args.runs, Path(args.out))
+    print(f"paper tables -> {args.out}")
+
+
+def cmd_claims(args) -> None:
+    from .report.claims import evaluate_claims
+    from .report.study import load_study
+
+    verdicts = evaluate_claims(load_study(args.study), args.runs, Path(args.out))
+    print(verdicts.to_string(index=False))
+
+
+def cmd_figures(args) -> None:
+    from .report.study_figures import study_figures
+
+    written = study_figures(args.runs, Path(args.out), title=args.title, smoke=args.smoke)
+    print(f"{len(written)} figures -> {args.out}")
 
 
 def cmd_curves(args) -> None:
@@ -180,7 +230,7 @@ def cmd_diagnose(args) -> None:
     from .report.diagnose import diagnose
 
     done = diagnose(args.runs, Path(args.out), kappa=args.kappa, method=args.fa_method, mlflow=not args.no_mlflow,
-                    uri=args.uri)
+                    uri=args.uri, figures_dir=args.figures)
     rows = done["rows"]
     errors = int((rows["error"].fillna("") != "").sum()) if len(rows) else 0
     logged = sum(1 for outcome, _ in done["mlflow"].values() if outcome == "logged")
@@ -205,6 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="run one federated training; writes OUT/summary.json and OUT/metrics.csv")
     _add_config_args(p)
     p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--gpus", type=int, default=0, metavar="N",
+                   help="claim N GPUs no other fedfactor job holds (sets CUDA_VISIBLE_DEVICES unless a scheduler "
+                        "already did; waits while all are taken)")
+    p.add_argument("--gpu-locks", metavar="DIR", default=str(Path(tempfile.gettempdir()) / "fedfactor-gpu-locks"),
+                   help="the GPU lock files, shared by every job on this machine (default: %(default)s)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("cost", help="measured communication bytes of a config, from shapes alone (no training)")
@@ -243,8 +298,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", help="summary.json files or directories searched for them")
     p.add_argument("--out-md", required=True)
     p.add_argument("--out-csv", required=True)
+    p.add_argument("--out-html", help="also an HTML table (for the workflow's report)")
+    p.add_argument("--study", help="the workflow's study.json: methods it lists but that are not implemented yet get a note")
     p.add_argument("--title", default="Results")
     p.set_defaults(func=cmd_table)
+
+    p = sub.add_parser("study-spec", help="check what the workflow passes to the report steps and write study.json")
+    p.add_argument("--json", required=True, help="the study as one JSON object")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_study_spec)
+
+    for name, func, text in (
+        ("paper-tables", cmd_paper_tables, "the paper's tables with ours beside them: paper.md/.csv/.tex/.html in OUT"),
+        ("claims", cmd_claims, "the paper's claims evaluated on our runs: claims.md/.csv/.html in OUT"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("runs", nargs="+", help="summary.json files or directories searched for them")
+        p.add_argument("--study", required=True, help="the workflow's study.json")
+        p.add_argument("--out", required=True, help="output directory")
+        p.set_defaults(func=func)
+
+    p = sub.add_parser("figures", help="a study's figures (accuracy vs rounds and bytes, per client, similarity, "
+                                       "FedDecomp), PNG + PDF in OUT")
+    p.add_argument("runs", nargs="+", help="summary.json files or directories searched for them")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--title", default="")
+    p.add_argument("--smoke", action="store_true", help="mark every figure as a smoke run on synthetic data")
+    p.set_defaults(func=cmd_figures)
 
     p = sub.add_parser("curves", help="PNG of mean client accuracy per round, one panel per scenario")
     p.add_argument("runs", nargs="+", help="summary.json files or directories searched for them")
@@ -277,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-mlflow", action="store_true",
                    help="do not log the numbers and figures to the runs' MLflow runs")
     p.add_argument("--uri", help="MLflow store of the runs (default: each run's own tracking.uri)")
+    p.add_argument("--figures", help="folder for the figures (default: --out)")
     p.set_defaults(func=cmd_diagnose)
 
     p = sub.add_parser("simulate", help="FedFac's simulation study (paper 001, Figures 6-7): csv, markdown, PNGs")
@@ -292,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("fontTools").setLevel(logging.WARNING)  # matplotlib's PDF font subsetting chatters at INFO
     try:
         args.func(args)
     except UsageError as e:

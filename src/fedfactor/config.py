@@ -174,6 +174,9 @@ class TrackingConfig(Section):
 class Config(Section):
     seed: Int = Field(0, ge=0)
     scenario: str = "custom"  # a label for tables and MLflow; does not change behaviour
+    # the method's label in a study (tables, MLflow; "" = the method's name): a study may run one
+    # method under several labels with different hyperparameters
+    label: str = ""
     # {"name": ..., hyperparameters...}; typed against the method's defaults in load_config
     method: dict[str, Any] = Field(default_factory=lambda: {"name": "fedavg"})
     data: DataConfig = Field(default_factory=DataConfig)

@@ -1,10 +1,23 @@
-"""Which torch device a run uses."""
+"""Which torch device a run uses, and which GPU a workflow job gets on a shared workstation."""
 
 from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
 
 import torch
 
 from .errors import UsageError
+
+log = logging.getLogger("fedfactor")
+# Open lock files of the GPUs this process holds: the locks last as long as the process (the kernel
+# drops them when it exits, however it exits), so a killed job never leaves a GPU claimed.
+_HELD: list = []
 
 
 def resolve_device(name: str | torch.device = "auto") -> torch.device:
@@ -18,3 +31,68 @@ def resolve_device(name: str | torch.device = "auto") -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"device {name!r} asked for, but no CUDA device is available; use auto or cpu")
     return device
+
+
+def count_gpus() -> int:
+    """GPUs nvidia-smi lists. Asking torch would initialise CUDA, after which CUDA_VISIBLE_DEVICES
+    is no longer read."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def claim_gpus(n: int, lock_dir: str | Path, poll_seconds: float = 5.0) -> list[int] | None:
+    """Give this process `n` GPUs no other job holds: CUDA_VISIBLE_DEVICES is set to them.
+
+    Snakemake's `--resources gpu=K` only counts GPUs and assigns no devices, so two jobs would both
+    take GPU 0. Each GPU has a lock file in `lock_dir` (on the machine's own disk); a job takes free
+    ones, or waits for them. A device list a scheduler already set (SLURM does) is left alone, as is
+    a machine without GPUs (the run then goes to the CPU). Must run before CUDA is initialised.
+    """
+    if n <= 0:
+        return None
+    preset = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if preset is not None:
+        log.info("GPUs set by the scheduler (CUDA_VISIBLE_DEVICES=%s); not claiming any", preset)
+        return None
+    total = count_gpus()
+    if total == 0:
+        log.warning("%d GPU(s) asked for, but nvidia-smi lists none: running where the config's device says", n)
+        return None
+    if n > total:
+        raise UsageError(f"{n} GPUs asked for per job, but this machine has {total}")
+    lock_dir = Path(lock_dir)
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    waited = False
+    while True:
+        held = []
+        for i in range(total):
+            f = open(lock_dir / f"gpu{i}.lock", "a")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.close()
+                continue
+            held.append((i, f))
+            if len(held) == n:
+                _HELD.extend(f for _, f in held)
+                ids = [i for i, _ in held]
+                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ids))
+                log.info("claimed GPU(s) %s (locks in %s)", ids, lock_dir)
+                return ids
+        for _, f in held:  # not enough free: let go, so two waiting jobs cannot deadlock
+            f.close()
+        if not waited:
+            log.info("all %d GPUs are claimed by other jobs; waiting for %d to free up", total, n)
+            waited = True
+        time.sleep(poll_seconds)
+
+
+def release_gpus() -> None:
+    """Let go of the GPUs `claim_gpus` took (the process exiting does the same)."""
+    while _HELD:
+        _HELD.pop().close()

@@ -229,7 +229,8 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
             for name, sc in scored.items()}}
     analysed, analysed_clients = save_client_weights(cfg, sim, out / WEIGHTS)
     summary = {
-        "method": cfg.method["name"],
+        "method": cfg.label or cfg.method["name"],
+        "method_name": cfg.method["name"],
         "dataset": cfg.data.name,
         "scenario": cfg.scenario,
         "seed": cfg.seed,

@@ -1,4 +1,5 @@
-"""Helpers the Snakefile imports: turning a study's nested overrides into CLI arguments."""
+"""Helpers the Snakefile imports: which scenarios and methods a study runs, with which overrides, and
+the nested overrides turned into CLI arguments."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import re
 from typing import Any
 
 from .config import load_config
+from .data.datasets import SYNTHETIC_PREFIX
+from .errors import UsageError
 
 
 def run_sets(overrides: dict[str, Any], **top: Any) -> list[str]:
@@ -40,3 +43,57 @@ def dataset_name(run_config: str, overrides: dict[str, Any]) -> str:
 def slug(name: str) -> str:
     """A file-name-safe form of a dataset name such as npz:/path/to/file.npz."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over`'s values on top, mappings merged key by key at every depth."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def selected(config: dict[str, Any], key: str) -> list[str]:
+    """The study's scenarios or methods, narrowed to `select.<key>` when given (in the study's order)."""
+    names = list(config[key])
+    wanted = (config.get("select") or {}).get(key)
+    if wanted is None:
+        return names
+    unknown = [n for n in wanted if n not in config[key]]
+    if unknown:
+        raise UsageError(f"select.{key} names {', '.join(map(repr, unknown))}, which the study does not list; "
+                         f"it lists: {', '.join(names)}")
+    return [n for n in names if n in wanted]
+
+
+def scenario_overrides(config: dict[str, Any], scenario: str) -> dict[str, Any]:
+    """A scenario's run-config overrides, the study-wide `overrides` on top, and in a smoke study
+    the dataset swapped for its synthetic stand-in (same shape and classes)."""
+    merged = deep_merge(config["scenarios"][scenario], config.get("overrides") or {})
+    if config.get("smoke"):
+        name = dataset_name(config["run_config"], merged)
+        if not name.startswith(SYNTHETIC_PREFIX):
+            merged = deep_merge(merged, {"data": {"name": SYNTHETIC_PREFIX + name}})
+    return merged
+
+
+def implemented(config: dict[str, Any], methods: list[str]) -> dict[str, bool]:
+    """Method label -> whether its `name` is a registered method (a study may list a paper's
+    baselines before they exist; they are skipped with a note, never silently)."""
+    from .methods import METHODS
+
+    return {m: config["methods"][m]["name"] in METHODS for m in methods}
+
+
+def study_spec(config: dict[str, Any], scenarios: list[str], methods: dict[str, bool]) -> dict[str, Any]:
+    """What the report steps need to know about the study, as results/<study>/study.json holds it."""
+    return {
+        "study": config["study"],
+        "title": config.get("title") or config["study"],
+        "smoke": bool(config.get("smoke")),
+        "seeds": [int(s) for s in config["seeds"]],
+        "scenarios": scenarios,
+        "methods": {m: {"name": config["methods"][m]["name"], "implemented": ok} for m, ok in methods.items()},
+        "paper": config.get("paper"),
+        "claims": config.get("claims") or [],
+    }

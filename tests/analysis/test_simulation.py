@@ -181,8 +181,9 @@ def test_cli_runs_a_tiny_study_end_to_end(tmp_path, capsys):
     assert sorted(rounds["round"].unique()) == [0, 1, 2, 3]
     md = (out / "simulation.md").read_text()
     assert "p = 0.3, alpha = 0.4" in md and "Paper 001, section 4.3.2" in md and "Measured:" in md
-    for png in ("figure6.png", "figure7.png"):
-        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    for name in ("figure6", "figure7"):
+        assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+        assert (out / f"{name}.pdf").read_bytes()[:4] == b"%PDF"
     assert not list(out.glob(".*.tmp"))
 
 

@@ -197,7 +197,7 @@ def check_loaded(ds, written: dict, n_train: int) -> None:
 
 def test_registry_lists_every_dataset_with_one_line_descriptions():
     names = [n for n, _ in DATASETS.describe()]
-    assert names == ["cifar10", "cifar100", "digits", "mnist", "npz:PATH", "svhn", "tinyimagenet"]
+    assert names == ["cifar10", "cifar100", "digits", "mnist", "npz:PATH", "svhn", "synthetic:NAME", "tinyimagenet"]
     assert all(d and "\n" not in d for _, d in DATASETS.describe())
 
 
@@ -220,7 +220,7 @@ def test_dataset_info_is_static_and_needs_no_files(tmp_path, name, shape, classe
 
 
 def test_unknown_dataset_names_the_choices():
-    with pytest.raises(UsageError, match="choose one of: cifar10, cifar100, digits, mnist, npz:PATH, svhn, tinyimagenet"):
+    with pytest.raises(UsageError, match="choose one of: cifar10, cifar100, digits, mnist, npz:PATH, svhn, synthetic:NAME, tinyimagenet"):
         dataset_info("imagenet")
     with pytest.raises(UsageError, match="choose one of"):
         load_dataset("imagenet")
@@ -701,3 +701,34 @@ def test_unreachable_download_is_a_one_line_usage_error(tmp_path, monkeypatch, n
     with pytest.raises(UsageError, match=f"could not download {name}") as err:
         prepare_dataset(name, tmp_path / "root")
     assert "place the files" in assert_one_line(err)
+
+
+# ---------------------------------------------------------------------------------------------
+# synthetic:NAME, the stand-in smoke runs use
+
+
+@pytest.mark.parametrize("name", ["cifar10", "cifar100", "svhn", "mnist", "tinyimagenet", "digits"])
+def test_synthetic_data_has_the_real_datasets_shape_and_classes_and_never_touches_its_files(name, tmp_path):
+    real = dataset_info(name, tmp_path)
+    info = dataset_info(f"synthetic:{name}", tmp_path)
+    assert info.name == f"synthetic:{name}"
+    assert (info.channels, info.height, info.width, info.num_classes, info.augment) == (
+        real.channels, real.height, real.width, real.num_classes, real.augment)
+    stats = prepare_dataset(f"synthetic:{name}", tmp_path)
+    assert stats["shape"] == [real.channels, real.height, real.width]
+    assert len(stats["class_counts"]) == real.num_classes and min(stats["class_counts"]) >= 6
+    assert stats["official_test"] > 0 and list(tmp_path.iterdir()) == []
+
+
+def test_synthetic_data_is_the_same_every_time_and_its_classes_differ():
+    a, b = load_dataset("synthetic:cifar10"), load_dataset("synthetic:cifar10")
+    assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+    means = torch.stack([a.x[a.y == c].mean(0) for c in range(10)])
+    # the class templates are far apart compared with the noise: a model can learn something
+    assert torch.cdist(means.flatten(1), means.flatten(1)).fill_diagonal_(float("inf")).min() > 1.0
+
+
+@pytest.mark.parametrize("name", ["synthetic:nosuch", "synthetic:npz:x.npz", "synthetic:synthetic:digits"])
+def test_synthetic_needs_a_registered_dataset_name(name):
+    with pytest.raises(UsageError, match="name a registered dataset after 'synthetic:'"):
+        dataset_info(name)

@@ -143,3 +143,22 @@ def test_evaluate_hand_computed_and_leaves_the_model_alone():
     expected = nn.functional.cross_entropy(torch.eye(2)[[0, 1, 0, 1]], torch.tensor([0, 1, 1, 1]), reduction="sum")
     assert loss == pytest.approx(expected.item())
     assert all(torch.equal(v, before[k]) for k, v in trainer.model.state_dict().items())
+
+
+def test_a_batch_of_one_is_skipped_where_batchnorm_cannot_train_on_it():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(2, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    x = torch.randn(5, 1, 1, 2)
+    split = Split(torch.arange(5), torch.tensor([0, 1, 0, 1, 1]))
+    trainer = Trainer(model, x, 2, "none", Optim("sgd", lr=0.1))
+    state = clone(model.state_dict())
+    steps = []
+    trainer.check_interrupt = lambda: steps.append(1)
+    new, loss = trainer.fit(state, split, [Phase(epochs=2)], _gen())
+    # 3 batches per epoch (2, 2, 1), the batch of one skipped: 4 steps trained, a finite loss
+    assert len(steps) == 6 and loss == loss and not torch.equal(new["1.weight"], state["1.weight"])
+    assert int(new["2.num_batches_tracked"]) == 4
+    # a client holding a single sample trains nothing rather than failing
+    one = Split(torch.arange(1), torch.tensor([0]))
+    same, nan = trainer.fit(state, one, [Phase(epochs=1)], _gen())
+    assert nan != nan and torch.equal(same["1.weight"], state["1.weight"])

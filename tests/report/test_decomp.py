@@ -7,7 +7,7 @@ from fedfactor.cli import main
 from fedfactor.errors import UsageError
 from fedfactor.report.decomp import decomposition_figure, elora_figure
 
-PNG = b"\x89PNG\r\n\x1a\n"
+PNG, PDF = b"\x89PNG\r\n\x1a\n", b"%PDF"
 
 
 def _run(path, scenario, method, seed, metrics=None, accuracy=0.5, method_config=None):
@@ -35,7 +35,7 @@ def test_decomposition_figure_returns_the_last_rounds_mean_over_seeds(tmp_path):
     _run(tmp_path / "f0", "dir0.1", "fedavg", 0)  # no diagnostics: left out
     out = tmp_path / "fig" / "decomp.png"
     table = decomposition_figure([tmp_path], out, title="t")
-    assert out.read_bytes()[:8] == PNG
+    assert out.read_bytes()[:8] == PNG and out.with_suffix(".pdf").read_bytes()[:4] == PDF
     got = table.set_index("method")
     assert list(got.index) == ["feddecomp", "feddecomp_reverse", "feddecomp_simultaneous"]
     assert got.loc["feddecomp", "feddecomp.sigma_distance"] == 3.0
@@ -66,7 +66,7 @@ def test_elora_figure_groups_by_e_lora_and_draws_the_others_as_levels(tmp_path):
     _sweep(tmp_path)
     out = tmp_path / "elora.png"
     table = elora_figure([tmp_path], out)
-    assert out.read_bytes()[:8] == PNG
+    assert out.read_bytes()[:8] == PNG and out.with_suffix(".pdf").read_bytes()[:4] == PDF
     sweep = table[table.method == "feddecomp"].set_index("e_lora")
     assert sweep.index.tolist() == [0, 2, 5]
     assert sweep.loc[2, "mean"] == pytest.approx(82.0) and sweep.loc[2, "std"] == pytest.approx(2.0)

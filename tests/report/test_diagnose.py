@@ -103,8 +103,9 @@ def test_diagnose_writes_every_file_and_skips_or_reports_bad_runs(tmp_path, capl
     assert main(["-q", "diagnose", str(runs), "--out", str(out), "--kappa", "0.45", "--no-mlflow"]) == 0
     for name in ("diagnostics.csv", "diagnostics.md", "eigenvalues.csv"):
         assert (out / name).stat().st_size > 0
-    for name in ("communalities.png", "eigenvalues.png", "split_history.png", "stability.png"):
-        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    for name in ("communalities", "eigenvalues", "split_history", "stability"):
+        assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+        assert (out / f"{name}.pdf").read_bytes()[:4] == b"%PDF"
     assert not list(out.glob(".*.tmp"))
 
     csv = pd.read_csv(out / "diagnostics.csv", keep_default_na=False, na_values=[""])
@@ -144,8 +145,8 @@ def test_diagnose_writes_every_file_and_skips_or_reports_bad_runs(tmp_path, capl
 def test_no_fedfac_run_means_no_split_figures_and_no_analysed_run_still_writes_the_outputs(tmp_path):
     make_run(tmp_path / "runs" / "a", weights=planted(0))
     assert diagnose([tmp_path / "runs"], tmp_path / "out", mlflow=False)["rows"]["G"].notna().all()
-    assert (tmp_path / "out" / "communalities.png").exists()
-    assert not (tmp_path / "out" / "split_history.png").exists()
+    assert (tmp_path / "out" / "communalities.png").exists() and (tmp_path / "out" / "communalities.pdf").exists()
+    assert not (tmp_path / "out" / "split_history.png").exists() and not (tmp_path / "out" / "split_history.pdf").exists()
 
     make_run(tmp_path / "old" / "a")
     done = diagnose([tmp_path / "old"], tmp_path / "out2", mlflow=False)
@@ -219,7 +220,8 @@ def test_numbers_and_figures_land_on_the_runs_own_mlflow_run(tmp_path, monkeypat
     assert client.get_run(b_id).data.metrics[f"fa.{LAYER}.stable_share_last"] == pytest.approx(10 / 12)
     arts = {x.path for x in client.list_artifacts(b_id, "diagnostics")}
     assert arts == {f"diagnostics/{n}" for n in ("factor_analysis.csv", "communalities.png", "eigenvalues.png",
-                                                 "split_history.png", "stability.png")}
+                                                 "split_history.png", "stability.png", "communalities.pdf",
+                                                 "eigenvalues.pdf", "split_history.pdf", "stability.pdf")}
     assert len(client.search_runs([run.info.experiment_id])) == 2  # no run added
 
     # again, with the store given and summary.json's id gone: mlflow.json's run key finds the run;

@@ -2,16 +2,18 @@ import json
 
 import pandas as pd
 import pytest
+from PIL import Image
 
 from fedfactor.errors import UsageError
-from fedfactor.report.figures import accuracy_curves, load_curves
+from fedfactor.report.figures import SMOKE_TITLE, accuracy_curves, load_curves
 
 from ..conftest import write_content
 
 
-def _run(path, scenario, method, seed, accs):
+def _run(path, scenario, method, seed, accs, dataset=None):
     path.mkdir(parents=True)
-    (path / "summary.json").write_text(json.dumps({"scenario": scenario, "method": method, "seed": seed}))
+    summary = {"scenario": scenario, "method": method, "seed": seed, **({"dataset": dataset} if dataset else {})}
+    (path / "summary.json").write_text(json.dumps(summary))
     pd.DataFrame({"round": range(1, len(accs) + 1), "accuracy_mean": accs}).to_csv(path / "metrics.csv", index=False)
 
 
@@ -26,6 +28,27 @@ def test_curves_tag_runs_and_draw_one_panel_per_scenario(tmp_path):
     out = tmp_path / "fig" / "curves.png"
     assert accuracy_curves(curves, out, title="t") == ["b", "a"]
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.with_suffix(".pdf").read_bytes()[:4] == b"%PDF"  # its twin for papers
+    assert Image.open(out).text["Title"] == "t"
+
+
+def test_curves_of_runs_on_synthetic_data_say_so(tmp_path):
+    _run(tmp_path / "a/fedavg/0", "a", "fedavg", 0, [0.1, 0.2], dataset="digits")
+    _run(tmp_path / "a/fedavg/1", "a", "fedavg", 1, [0.3, 0.4], dataset="synthetic:blobs")
+    out = tmp_path / "curves.png"
+    accuracy_curves(load_curves([tmp_path]), out, title="t")
+    assert Image.open(out).text["Title"] == f"{SMOKE_TITLE}: t"
+    accuracy_curves(load_curves([tmp_path / "a/fedavg/0"]), out)
+    assert "Title" not in Image.open(out).text
+    accuracy_curves(load_curves([tmp_path / "a/fedavg/0"]), out, smoke=True)
+    assert Image.open(out).text["Title"] == SMOKE_TITLE
+
+
+def test_a_figure_file_must_be_png_or_pdf(tmp_path):
+    _run(tmp_path / "a/fedavg/0", "a", "fedavg", 0, [0.1])
+    with pytest.raises(UsageError, match="must end in .png"):
+        accuracy_curves(load_curves([tmp_path]), tmp_path / "curves.svg")
+    assert not list(tmp_path.glob("curves.*"))
 
 
 def test_no_runs_is_usage_error(tmp_path):

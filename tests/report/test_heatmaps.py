@@ -2,9 +2,11 @@ import json
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from fedfactor.cli import main
 from fedfactor.errors import UsageError
+from fedfactor.report.figures import SMOKE_TITLE
 from fedfactor.report.heatmaps import similarity_heatmaps
 
 from ..conftest import write_content
@@ -46,7 +48,16 @@ def test_default_draws_first_middle_last_round_with_counts(tmp_path):
     out = tmp_path / "fig" / "sim.png"
     drawn = similarity_heatmaps(run, out)
     assert drawn == {"rows": ["similarity_u", "similarity_v"], "rounds": [1, 3, 5], "counts_round": 5, "clients": K}
-    assert out.read_bytes()[:8] == PNG
+    assert out.read_bytes()[:8] == PNG and out.with_suffix(".pdf").read_bytes()[:4] == b"%PDF"
+    assert Image.open(out).text["Title"] == "s / factorized / seed 0"
+
+
+def test_a_run_on_synthetic_data_is_marked_a_smoke_run(tmp_path):
+    run = _run(tmp_path / "run", rounds=[1])
+    (run / "summary.json").write_text(json.dumps({"scenario": "s", "method": "factorized", "seed": 0,
+                                                  "dataset": "synthetic:blobs"}))
+    similarity_heatmaps(run, tmp_path / "a.png")
+    assert Image.open(tmp_path / "a.png").text["Title"] == f"{SMOKE_TITLE}: s / factorized / seed 0"
 
 
 @pytest.mark.parametrize("available, chosen", [([1], [1]), ([1, 2], [1, 2]), ([2, 4, 6, 8], [2, 4, 8])])
@@ -91,7 +102,7 @@ def test_missing_round_names_the_round_and_the_rounds_there_are(tmp_path):
     run = _run(tmp_path / "run", rounds=[1, 2, 3, 5, 7, 8])
     with pytest.raises(UsageError, match=r"no similarity_u for round 4, 9; its rounds are 1-3, 5, 7-8$"):
         similarity_heatmaps(run, tmp_path / "a.png", rounds=[1, 4, 9])
-    assert not (tmp_path / "a.png").exists()
+    assert not (tmp_path / "a.png").exists() and not (tmp_path / "a.pdf").exists()
 
 
 def test_rows_that_share_no_round_are_refused(tmp_path):
@@ -151,7 +162,7 @@ def test_cli_writes_the_figure(tmp_path, capsys):
     run = _run(tmp_path / "run")
     out = tmp_path / "fig.png"
     assert main(["-q", "figure", str(run), "--out", str(out), "--rounds", "2, 5", "--title", "t"]) == 0
-    assert out.read_bytes()[:8] == PNG
+    assert out.read_bytes()[:8] == PNG and (tmp_path / "fig.pdf").read_bytes()[:4] == b"%PDF"
     printed = capsys.readouterr().out
     assert printed.count("\n") == 1 and "rounds 2, 5" in printed and str(out) in printed
 

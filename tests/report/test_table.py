@@ -9,14 +9,14 @@ from fedfactor.report.table import collect, write_tables
 PROTOCOL = {"test_pool": "shared", "model": "trained", "report": "best"}
 
 
-def _summary(path, scenario, method, seed, acc, nbytes=1000, protocol=PROTOCOL):
+def _summary(path, scenario, method, seed, acc, nbytes=1000, protocol=PROTOCOL, dataset="digits"):
     path.mkdir(parents=True)
     # the reported number (here the best round) differs from the last round's, so a table that
     # showed the wrong one would fail
     (path / "summary.json").write_text(json.dumps({
         "scenario": scenario, "method": method, "seed": seed, "accuracy": acc, "accuracy_mean": acc - 0.1,
         "accuracy_best_mean": acc, "accuracy_weighted": acc, "bytes_total": nbytes, "rounds": 2, "clients": 4,
-        "protocol": protocol,
+        "protocol": protocol, "dataset": dataset,
     }))
 
 
@@ -123,3 +123,14 @@ def test_paths_must_exist_and_folders_named_summary_json_are_searched(tmp_path):
     with pytest.raises(UsageError, match=f"^{tmp_path / 'nope'} does not exist") as err:
         collect([tmp_path / "summary.json", tmp_path / "nope"])
     assert "\n" not in str(err.value)
+
+
+def test_runs_on_synthetic_data_are_flagged_in_every_output_and_skipped_methods_are_named(tmp_path):
+    _summary(tmp_path / "a" / "fedavg" / "0", "a", "fedavg", 0, 0.5, dataset="synthetic:cifar10")
+    md = write_tables(collect([tmp_path]), tmp_path / "t.md", tmp_path / "t.csv", title="T",
+                      out_html=tmp_path / "t.html", skipped={"fedper": "fedper"})
+    assert md.startswith("# SMOKE RUN on synthetic data — not results: T")
+    assert "Not implemented yet, skipped: fedper (fedper)." in md
+    assert pd.read_csv(tmp_path / "t.csv")["smoke_run_synthetic_data"].all()
+    page = (tmp_path / "t.html").read_text()
+    assert "SMOKE RUN on synthetic data" in page and "<td>fedavg</td>" in page and "fedper" in page

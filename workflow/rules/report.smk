@@ -1,41 +1,134 @@
-rule table:
-    """Mean +- std over seeds per scenario and method, as markdown and csv."""
-    input:
-        expand(
-            f"{STUDY_DIR}/runs/{{scenario}}/{{method}}/seed{{seed}}/summary.json",
-            scenario=SCENARIOS,
-            method=METHODS,
-            seed=SEEDS,
-        ),
+# Tables, claim verdicts, figures and diagnostics of a study; each also goes into the HTML report
+# (`snakemake --configfile ... --report results/<study>/report.html`).
+
+
+rule study_spec:
+    """What the report steps need to know about the study (title, scenarios, methods and which are not
+    implemented yet, the paper mapping, the claims), checked and written as one JSON file."""
     output:
-        md=f"{STUDY_DIR}/table.md",
-        csv=f"{STUDY_DIR}/table.csv",
+        f"{STUDY_DIR}/study.json",
     params:
-        title=f"fedfactor study '{config['study']}'",
+        # a function: Snakemake would read braces in a plain string (Lambda={1}) as wildcards
+        spec=lambda w: json.dumps(SPEC),
+    log:
+        f"{STUDY_DIR}/logs/study_spec.log",
+    benchmark:
+        f"{STUDY_DIR}/benchmarks/study_spec.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        "fedfactor study-spec --json {params.spec:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule table:
+    """Mean +- std over seeds per scenario and method."""
+    input:
+        study=rules.study_spec.output[0],
+        runs=runs("summary.json"),
+    output:
+        md=f"{STUDY_DIR}/tables/table.md",
+        csv=f"{STUDY_DIR}/tables/table.csv",
+        html=report(
+            f"{STUDY_DIR}/tables/table.html",
+            caption="../report/table.rst",
+            category="Tables",
+            labels={"table": "results"},
+        ),
+    params:
+        not_implemented=NOT_IMPLEMENTED,  # the caption names them
+        title=lambda w: TITLE,
     log:
         f"{STUDY_DIR}/logs/table.log",
+    benchmark:
+        f"{STUDY_DIR}/benchmarks/table.tsv"
+    conda:
+        CONDA_ENV
     shell:
-        "fedfactor table {input:q} --out-md {output.md:q} --out-csv {output.csv:q} --title {params.title:q} > {log:q} 2>&1"
+        "fedfactor table {input.runs:q} --study {input.study:q} --out-md {output.md:q} --out-csv {output.csv:q}"
+        " --out-html {output.html:q} --title {params.title:q} > {log:q} 2>&1"
 
 
-rule curves:
-    """Mean client accuracy per round, one panel per scenario, one line per method (+-std over seeds)."""
+rule paper_tables:
+    """The paper's tables in its layout: ours (mean +- std, seeds) beside the paper's number and the difference."""
     input:
-        expand(
-            f"{STUDY_DIR}/runs/{{scenario}}/{{method}}/seed{{seed}}/metrics.csv",
-            scenario=SCENARIOS,
-            method=METHODS,
-            seed=SEEDS,
-        ),
+        study=rules.study_spec.output[0],
+        runs=runs("summary.json"),
     output:
-        f"{STUDY_DIR}/curves.png",
+        md=f"{STUDY_DIR}/tables/paper.md",
+        csv=f"{STUDY_DIR}/tables/paper.csv",
+        tex=f"{STUDY_DIR}/tables/paper.tex",
+        html=report(
+            f"{STUDY_DIR}/tables/paper.html",
+            caption="../report/paper.rst",
+            category="Tables",
+            labels={"table": "paper vs ours"},
+        ),
     params:
-        runs=lambda w, input: [os.path.join(os.path.dirname(f), "summary.json") for f in input],
-        title=f"fedfactor study '{config['study']}'",
+        not_implemented=NOT_IMPLEMENTED,  # the caption names them
+        out=lambda w, output: os.path.dirname(output.md),
     log:
-        f"{STUDY_DIR}/logs/curves.log",
+        f"{STUDY_DIR}/logs/paper_tables.log",
+    benchmark:
+        f"{STUDY_DIR}/benchmarks/paper_tables.tsv"
+    conda:
+        CONDA_ENV
     shell:
-        "fedfactor curves {params.runs:q} --out {output:q} --title {params.title:q} > {log:q} 2>&1"
+        "fedfactor paper-tables {input.runs:q} --study {input.study:q} --out {params.out:q} > {log:q} 2>&1"
+
+
+rule claims:
+    """Each qualitative claim of the paper, evaluated on our runs: reproduced, not reproduced or not run."""
+    input:
+        study=rules.study_spec.output[0],
+        runs=runs("summary.json"),
+    output:
+        md=f"{STUDY_DIR}/claims/claims.md",
+        csv=f"{STUDY_DIR}/claims/claims.csv",
+        html=report(
+            f"{STUDY_DIR}/claims/claims.html",
+            caption="../report/claims.rst",
+            category="Claims",
+            labels={"claims": "verdicts"},
+        ),
+    params:
+        not_implemented=NOT_IMPLEMENTED,  # the caption names them
+        out=lambda w, output: os.path.dirname(output.md),
+    log:
+        f"{STUDY_DIR}/logs/claims.log",
+    benchmark:
+        f"{STUDY_DIR}/benchmarks/claims.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        "fedfactor claims {input.runs:q} --study {input.study:q} --out {params.out:q} > {log:q} 2>&1"
+
+
+rule figures:
+    """Accuracy against rounds and against bytes, per-client accuracy, and, where the runs hold them,
+    similarity heatmaps and matching frequencies, FedDecomp's sigma/tau and E_lora figures (PNG + PDF)."""
+    input:
+        study=rules.study_spec.output[0],
+        runs=runs("summary.json"),
+        metrics=runs("metrics.csv"),
+    output:
+        report(
+            directory(f"{STUDY_DIR}/figures"),
+            patterns=["{name}.png"],
+            caption="../report/figures.rst",
+            category="Figures",
+            labels={"figure": "{name}"},
+        ),
+    params:
+        title=lambda w: TITLE,
+        smoke="--smoke" if SMOKE else "",
+    log:
+        f"{STUDY_DIR}/logs/figures.log",
+    benchmark:
+        f"{STUDY_DIR}/benchmarks/figures.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        "fedfactor figures {input.runs:q} --out {output:q} --title {params.title:q} {params.smoke} > {log:q} 2>&1"
 
 
 rule diagnose:
@@ -44,17 +137,18 @@ rule diagnose:
     input:
         # summary.json only: the training job that writes it also writes client_weights.npz and
         # diagnostics/, and a run without them is listed as skipped, not an error
-        expand(
-            f"{STUDY_DIR}/runs/{{scenario}}/{{method}}/seed{{seed}}/summary.json",
-            scenario=SCENARIOS,
-            method=METHODS,
-            seed=SEEDS,
-        ),
+        runs("summary.json"),
     output:
         md=f"{STUDY_DIR}/diagnostics/diagnostics.md",
         csv=f"{STUDY_DIR}/diagnostics/diagnostics.csv",
-        communalities=f"{STUDY_DIR}/diagnostics/communalities.png",
-        eigenvalues=f"{STUDY_DIR}/diagnostics/eigenvalues.png",
+        # communalities and eigenvalues always; FedFac's split history and stability with a FedFac run
+        figures=report(
+            directory(f"{STUDY_DIR}/diagnostics/figures"),
+            patterns=["{name}.png"],
+            caption="../report/diagnostics.rst",
+            category="Factor-analysis diagnostics",
+            labels={"figure": "{name}"},
+        ),
     params:
         out=lambda w, output: os.path.dirname(output.md),
         uri=MLFLOW_URI,
@@ -63,6 +157,10 @@ rule diagnose:
         f"{STUDY_DIR}/logs/diagnose.log",
     benchmark:
         f"{STUDY_DIR}/benchmarks/diagnose.tsv"
+    conda:
+        CONDA_ENV
     shell:
-        "OMP_NUM_THREADS={threads} fedfactor diagnose {input:q} --out {params.out:q} --uri {params.uri:q}"
+        "OMP_NUM_THREADS={threads} fedfactor diagnose {input:q} --out {params.out:q} --figures {output.figures:q}"
+        " --uri {params.uri:q}"
         " > {log:q} 2>&1"
+

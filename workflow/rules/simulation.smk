@@ -1,7 +1,11 @@
 # FedFac's simulation study (paper 001, section 4.3, Figures 6 and 7): synthetic data, no dataset.
-# Not part of `all`: run it with `snakemake --cores 2 simulate`.
-SIMULATION_CONFIG = "config/simulation/fedfac.yaml"
-SIMULATION_DIR = f"{RESULTS}/simulation/fedfac"
+# A study of its own (config/studies/fedfac_simulation.yaml: `simulation:` names its config, and
+# `overrides` go to it), or, next to any other study, `snakemake --cores 2 simulate` with the default
+# config into results/simulation/fedfac.
+SIMULATION_CONFIG = config.get("simulation") or "config/simulation/fedfac.yaml"
+SIMULATION_DIR = (f"{config['results']}/{config['study']}" if config.get("simulation")
+                  else f"{config['results']}/simulation/fedfac")
+SIMULATION_SETS = " ".join(f"--set {shlex.quote(s)}" for s in run_sets(config.get("overrides") or {}))
 
 
 rule simulate:
@@ -13,15 +17,34 @@ rule simulate:
     output:
         csv=f"{SIMULATION_DIR}/simulation.csv",
         md=f"{SIMULATION_DIR}/simulation.md",
+        html=report(
+            f"{SIMULATION_DIR}/simulation.html",
+            caption="../report/simulation.rst",
+            category="Tables",
+            labels={"table": "simulation"},
+        ),
         rounds=f"{SIMULATION_DIR}/rounds.csv",
-        figure6=f"{SIMULATION_DIR}/figure6.png",
-        figure7=f"{SIMULATION_DIR}/figure7.png",
+        figure6=report(
+            f"{SIMULATION_DIR}/figure6.png",
+            caption="../report/simulation.rst",
+            category="Figures",
+            labels={"figure": "figure6"},
+        ),
+        figure7=report(
+            f"{SIMULATION_DIR}/figure7.png",
+            caption="../report/simulation.rst",
+            category="Figures",
+            labels={"figure": "figure7"},
+        ),
     params:
         out=lambda w, output: os.path.dirname(output.csv),
+        sets=SIMULATION_SETS,
     threads: 2
     log:
         f"{SIMULATION_DIR}/logs/simulate.log",
     benchmark:
         f"{SIMULATION_DIR}/benchmarks/simulate.tsv"
+    conda:
+        CONDA_ENV
     shell:
-        "OMP_NUM_THREADS={threads} fedfactor simulate --config {input:q} --out {params.out:q} > {log:q} 2>&1"
+        "OMP_NUM_THREADS={threads} fedfactor simulate --config {input:q} {params.sets} --out {params.out:q} > {log:q} 2>&1"

@@ -553,26 +553,23 @@ def summary_markdown(cfg: SimulationConfig, runs, seconds: float | None = None) 
 
 def figure6(cfg: SimulationConfig, rounds, out: str | Path) -> None:
     """Six panels (p sweep, alpha sweep): mean client test accuracy per round per decomposition."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    from ..io import atomic_write_bytes
-    from ..report.figures import _png, mean_band
+    from ..report.figures import legend_outside, mean_band, method_styles, pyplot, save_figure
 
+    plt = pyplot()
     panels = panels_of(cfg)
     names = [n for n in cfg.decompositions if n in set(rounds["decomposition"])]
+    styles = method_styles(names)
     cols = max(len(cfg.grid.p), len(cfg.grid.alpha))
-    fig, axes = plt.subplots(2, cols, figsize=(4.2 * cols, 6.4), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(2, cols, figsize=(4.2 * cols, 6.4), squeeze=False, sharey=True, layout="constrained")
     slots = [axes[0, i] for i in range(len(cfg.grid.p))] + [axes[1, i] for i in range(len(cfg.grid.alpha))]
     for ax, (title, p, alpha) in zip(slots, panels):
-        for i, name in enumerate(names):
+        for name in names:
             d = rounds[(rounds.p == p) & (rounds.alpha == alpha) & (rounds.decomposition == name)]
-            mean_band(ax, d, "accuracy", f"C{i}", name)
+            mean_band(ax, d, "accuracy", label=name, **styles[name])
         ax.set_title(title)
-        ax.set_xlabel("round")
+        ax.set_xlabel("communication round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     for ax in axes[:, 0]:
@@ -580,46 +577,40 @@ def figure6(cfg: SimulationConfig, rounds, out: str | Path) -> None:
     for ax in axes.flat:
         if ax not in slots:
             ax.set_visible(False)
-    axes[0, 0].legend(loc="lower right", fontsize="small")
+    legend_outside(fig, slots, title="decomposition (mean ± std over seeds)")
     fig.suptitle("Test accuracy under different decompositions (paper 001, Figure 6)")
-    fig.tight_layout()
-    atomic_write_bytes(out, _png(fig))
-    plt.close(fig)
+    save_figure(fig, out)
 
 
 def figure7(cfg: SimulationConfig, rounds, out: str | Path) -> None:
     """Dynamic FedFac: share of units that did not change state since the previous round."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    from ..io import atomic_write_bytes
-    from ..report.figures import _png
+    from ..report.figures import legend_outside, pyplot, save_figure
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = pyplot().subplots(figsize=(6.4, 4.0), layout="constrained")
     d = rounds[(rounds.decomposition == "dynamic") & (rounds["round"] > 0)]
     for i, (p, alpha) in enumerate(settings_of(cfg)):
         g = d[(d.p == p) & (d.alpha == alpha)].groupby("round")["stability"].mean()
         if len(g):
             ax.plot(g.index, 100 * g, color=f"C{i}", label=_setting_label(p, alpha))
-    ax.set_xlabel("round")
+    ax.set_xlabel("communication round")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("units that kept their state [%]")
     ax.set_title("Dynamic FedFac: stability of the split (paper 001, Figure 7)")
     ax.grid(alpha=0.3)
     if len(d):
-        ax.legend(loc="lower right", fontsize="small")
+        legend_outside(fig, [ax], title="setting")
     else:
         ax.text(0.5, 0.5, "dynamic not among the decompositions", ha="center", va="center", transform=ax.transAxes)
-    fig.tight_layout()
-    atomic_write_bytes(out, _png(fig))
-    plt.close(fig)
+    save_figure(fig, out)
 
 
 def simulate(cfg: SimulationConfig, out: str | Path, progress: Callable[[str], None] | None = None) -> str:
-    """Run the study and write OUT/simulation.csv, rounds.csv, simulation.md, figure6.png, figure7.png."""
+    """Run the study and write OUT/simulation.csv, rounds.csv, simulation.md (and .html, for the
+    workflow's report), figure6.png, figure7.png (each figure with a .pdf twin)."""
+    import html
+
     from ..io import atomic_write_text
 
     out = Path(out)
@@ -634,5 +625,7 @@ def simulate(cfg: SimulationConfig, out: str | Path, progress: Callable[[str], N
     atomic_write_text(out / "rounds.csv", rounds.to_csv(index=False))
     figure6(cfg, rounds, out / "figure6.png")
     figure7(cfg, rounds, out / "figure7.png")
+    atomic_write_text(out / "simulation.html", "<!DOCTYPE html><html><head><meta charset='utf-8'><title>FedFac "
+                      f"simulation</title></head><body><pre>{html.escape(md)}</pre></body></html>\n")
     atomic_write_text(out / "simulation.md", md)
     return md

@@ -36,6 +36,8 @@ log = logging.getLogger("fedfactor")
 SPLIT_MODES = ("pooled", "official")
 NPZ_PREFIX = "npz:"
 _NPZ_ENTRY = "npz:PATH"
+SYNTHETIC_PREFIX = "synthetic:"
+_SYNTHETIC_ENTRY = "synthetic:NAME"
 # Samples per chunk when computing statistics and normalising: keeps float64 temporaries small
 # (a float64 copy of SVHN's official-train part alone would take 1.8 GB).
 _CHUNK = 2048
@@ -561,6 +563,42 @@ def _as_nchw(x: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
+# synthetic:NAME: a stand-in with NAME's shape and classes, for smoke runs where NAME cannot be
+# downloaded. Its name stays in every summary.json, so reports can flag such runs.
+
+
+class _Synthetic(_Source):
+    # Enough for a few clients with a test share (at least 6 per class: a client of a class-group
+    # scenario holding 5 classes still gets test images), and small, so that one round of a paper's
+    # model over all of it takes seconds on a CPU.
+    SAMPLES = 300
+
+    def _base(self, arg: str, root: Path) -> DatasetInfo:
+        if arg.startswith((SYNTHETIC_PREFIX, NPZ_PREFIX)) or arg not in DATASETS.names():
+            raise UsageError(f"synthetic:{arg}: name a registered dataset after 'synthetic:' "
+                             f"({', '.join(n for n in DATASETS.names() if ':' not in n)})")
+        return DATASETS.get(arg).info(arg, root)
+
+    def info(self, arg: str, root: Path) -> DatasetInfo:
+        base = self._base(arg, root)
+        return DatasetInfo(SYNTHETIC_PREFIX + arg, base.channels, base.height, base.width, base.num_classes,
+                           base.augment)
+
+    def arrays(self, arg: str, root: Path, download: bool) -> _Arrays:
+        info = self.info(arg, root)
+        k, shape = info.num_classes, (info.channels, info.height, info.width)
+        per_class = max(6, self.SAMPLES // k)
+        rng = np.random.default_rng(int.from_bytes(hashlib.sha256(arg.encode()).digest()[:4], "little"))
+        # A class is a random template plus noise, so a model can learn something and a smoke run
+        # exercises a falling loss, not only the plumbing.
+        templates = rng.uniform(0, 255, size=(k, *shape))
+        y = np.repeat(np.arange(k), per_class)
+        x = np.clip(templates[y] * 0.5 + rng.uniform(0, 127, size=(len(y), *shape)), 0, 255).astype(np.uint8)
+        test = np.arange(len(y)) % 4 == 0  # a quarter of each class as the official test part
+        return _Arrays(x[~test], y[~test], x[test], y[test])
+
+
+# ---------------------------------------------------------------------------------------------
 # Registry
 
 _ENTRIES: list[tuple[str, str, _Source]] = [
@@ -595,6 +633,11 @@ _ENTRIES: list[tuple[str, str, _Source]] = [
         _TinyImageNet(DatasetInfo("tinyimagenet", 3, 64, 64, 200, "crop_flip")),
     ),
     (
+        _SYNTHETIC_ENTRY,
+        "random class templates plus noise in NAME's shape and classes, for smoke runs (never results)",
+        _Synthetic(),
+    ),
+    (
         _NPZ_ENTRY,
         "your own arrays in an .npz file: x (N x H x W or N x C x H x W), integer y, optional x_test/y_test",
         _Npz(),
@@ -611,6 +654,8 @@ def _lookup(name: str) -> tuple[_Source, str]:
         )
     if name.startswith(NPZ_PREFIX):
         return DATASETS.get(_NPZ_ENTRY), name[len(NPZ_PREFIX) :]
+    if name.startswith(SYNTHETIC_PREFIX):
+        return DATASETS.get(_SYNTHETIC_ENTRY), name[len(SYNTHETIC_PREFIX) :]
     return DATASETS.get(name), name
 
 

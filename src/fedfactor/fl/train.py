@@ -100,6 +100,10 @@ class Trainer:
         self.optim = optim
         self.max_loss = max_loss
         self.model_keys = list(model.state_dict())
+        # BatchNorm cannot train on one sample where it normalises one value per channel (after global
+        # pooling): a client whose data leaves a last batch of one skips that batch, as a DataLoader
+        # with drop_last would, instead of failing the run.
+        self.skip_single = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
         # Called before every training step; the simulator sets it to raise Interrupted when a stop
         # signal arrived, so a long local epoch does not outlast a cluster's grace period.
         self.check_interrupt: Callable[[], None] = lambda: None
@@ -163,6 +167,8 @@ class Trainer:
             self.model.train()
             for batch in self.batches(split, generator, phase.epochs, phase.steps):
                 self.check_interrupt()
+                if self.skip_single and len(batch.y) == 1:
+                    continue
                 logits = self.model(batch.x)
                 loss = F.cross_entropy(logits, batch.y)
                 if phase.loss is not None:

@@ -3,8 +3,9 @@
 
 `decomposition_figure` reads the per-round diagnostics FedDecomp runs log to metrics.csv;
 `elora_figure` reads the reported accuracy and the method settings from each run's summary.json.
-Both draw one panel per scenario with the mean over seeds and a +-std band, and return the numbers
-they drew as a table.
+Both draw one panel per scenario with the mean over seeds and a +-std band, write it as PNG and
+PDF, and return the numbers they drew as a table. `decomposition_data`/`draw_decomposition` and
+`elora_data`/`draw_elora` are the two halves of each, for `study_figures`.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import pandas as pd
 from pydantic import Field
 
 from ..errors import UsageError
-from ..io import atomic_write_bytes
-from .figures import _png, _read_metrics, mean_band
-from .runs import RunKey, find_summaries, read_summary
+from .figures import (DatasetKey, _read_metrics, decorate, is_synthetic, legend_outside, mean_band,
+                      method_styles, panel_grid, save_figure)
+from .runs import find_summaries, read_summary
 
 DIAGNOSTICS = {
     "feddecomp.sigma_distance": r"mean $\|\sigma_i - \bar\sigma\|_2$ (Fig. 6)",
@@ -27,102 +28,127 @@ DIAGNOSTICS = {
 }
 
 
-class SweepRun(RunKey):
+class SweepRun(DatasetKey):
     """What the E_lora sweep reads from a summary: the reported accuracy and the run's settings."""
 
     accuracy: float | None = Field(ge=0, le=1)
     config: dict[str, Any]
 
 
-def _axes(n: int, width: float = 4.2, height: float = 3.2, cols: int = 3):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cols = min(n, cols)
-    rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
-    return plt, fig, axes
+def _finish(fig, axes, out: str | Path, title: str, smoke: bool) -> None:
+    legend_outside(fig, axes.flat, title="method")
+    decorate(fig, title, smoke)
+    save_figure(fig, out)
 
 
-def _finish(plt, fig, axes, out: str | Path, title: str) -> None:
-    axes.flat[0].legend(fontsize="small")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    atomic_write_bytes(out, _png(fig))
-    plt.close(fig)
-
-
-def decomposition_figure(paths: Sequence[str | Path], out: str | Path, title: str = "") -> pd.DataFrame:
-    """Rows: scenarios; columns: the three diagnostics per round; one line per method.
-
-    Returns the last round's values, mean over seeds, per scenario and method (Table 6's columns).
-    """
-    frames = []
+def decomposition_data(paths: Sequence[str | Path]) -> tuple[pd.DataFrame, bool]:
+    """The metrics rows of the runs that logged FedDecomp's diagnostics, tagged with scenario,
+    method and seed, and whether any of them trained on synthetic data; UsageError without any."""
+    frames, synthetic = [], False
     for s in find_summaries(paths):
-        run = read_summary(s, RunKey)
+        run = read_summary(s, DatasetKey)
         m = _read_metrics(s.parent / "metrics.csv")
-        if any(c in m for c in DIAGNOSTICS):
+        if any(c in m and m[c].notna().any() for c in DIAGNOSTICS):
             frames.append(m.assign(scenario=run.scenario, method=run.method, seed=run.seed))
+            synthetic = synthetic or is_synthetic(run.dataset)
     if not frames:
         raise UsageError(f"none of the runs in {', '.join(map(str, paths))} logged FedDecomp's diagnostics "
                          f"({', '.join(DIAGNOSTICS)}); pass runs of feddecomp methods")
-    data = pd.concat(frames, ignore_index=True)
+    return pd.concat(frames, ignore_index=True), synthetic
+
+
+def decomposition_figure(paths: Sequence[str | Path], out: str | Path, title: str = "",
+                         smoke: bool = False) -> pd.DataFrame:
+    """Rows: scenarios; columns: the three diagnostics per round; one line per method. Written to
+    `out` (.png) and its .pdf twin; runs on synthetic data, or `smoke`, mark it a smoke run.
+
+    Returns the last round's values, mean over seeds, per scenario and method (Table 6's columns).
+    """
+    data, synthetic = decomposition_data(paths)
+    return draw_decomposition(data, out, title, smoke or synthetic)
+
+
+def draw_decomposition(data: pd.DataFrame, out: str | Path, title: str = "", smoke: bool = False,
+                       styles: dict | None = None) -> pd.DataFrame:
+    """`decomposition_figure` of `decomposition_data`'s rows; `styles`: method -> line style."""
+    from matplotlib.ticker import MaxNLocator
+
     columns = [c for c in DIAGNOSTICS if c in data]
     scenarios = list(dict.fromkeys(data["scenario"]))
     methods = list(dict.fromkeys(data["method"]))
-    colors = {m: f"C{i}" for i, m in enumerate(methods)}
-    from matplotlib.ticker import MaxNLocator
-
-    plt, fig, axes = _axes(len(scenarios) * len(columns), cols=len(columns))
+    styles = styles or method_styles(methods)
+    plt, fig, axes = panel_grid(len(scenarios) * len(columns), cols=len(columns))
     for row, scenario in zip(axes, scenarios):
         for ax, column in zip(row, columns):
             for method in methods:
                 d = data[(data.scenario == scenario) & (data.method == method)].dropna(subset=[column])
                 if not d.empty:
-                    mean_band(ax, d, column, colors[method], method, scale=1.0)
+                    mean_band(ax, d, column, label=method, scale=1.0, **styles[method])
             ax.set_title(f"{scenario}: {DIAGNOSTICS[column]}", fontsize="small")
-            ax.set_xlabel("round")
+            ax.set_xlabel("communication round")
+            ax.set_ylabel("L2 distance (parameter units)", fontsize="small")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
-    _finish(plt, fig, axes, out, title)
+    _finish(fig, axes, out, title, smoke)
     last = data.sort_values("round").groupby(["scenario", "method", "seed"]).last().reset_index()
     return last.groupby(["scenario", "method"], sort=False)[columns].mean().reset_index()
 
 
-def elora_figure(paths: Sequence[str | Path], out: str | Path, title: str = "") -> pd.DataFrame:
-    """Reported accuracy against E_lora (alternating FedDecomp runs), other methods as dashed levels.
+def is_sweep_run(config: dict) -> bool:
+    """Whether a run's config is an alternating FedDecomp run with an E_lora (a point of the sweep)."""
+    method = config.get("method", {})
+    return isinstance(method, dict) and "e_lora" in method and method.get("training") == "alternating"
 
-    Returns one row per scenario and E_lora value (or reference method): mean, std and seeds.
-    """
-    rows = []
+
+def elora_data(paths: Sequence[str | Path]) -> tuple[pd.DataFrame, bool]:
+    """One row per run: scenario, seed, reported accuracy [%], e_lora (sweep runs) or reference
+    (the method of any other run), and whether any run trained on synthetic data; UsageError
+    without a sweep run."""
+    rows, synthetic = [], False
     for s in find_summaries(paths):
         run = read_summary(s, SweepRun)
         if run.accuracy is None:
             raise UsageError(f"{s} reports no accuracy (eval.report best_val without validation data); "
                              "re-run with a report the run can give")
-        method = run.config.get("method", {})
-        swept = "e_lora" in method and method.get("training") == "alternating"
+        swept = is_sweep_run(run.config)
         rows.append({"scenario": run.scenario, "seed": run.seed, "accuracy": 100 * run.accuracy,
-                     "e_lora": method["e_lora"] if swept else None, "reference": None if swept else run.method})
+                     "e_lora": run.config["method"]["e_lora"] if swept else None,
+                     "reference": None if swept else run.method})
+        synthetic = synthetic or is_synthetic(run.dataset)
     data = pd.DataFrame(rows)
-    sweep = data.dropna(subset=["e_lora"])
-    if sweep.empty:
+    if data["e_lora"].isna().all():
         raise UsageError(f"none of the runs in {', '.join(map(str, paths))} is an alternating FedDecomp run "
                          "(method.e_lora); pass the runs of an E_lora sweep")
+    return data, synthetic
+
+
+def elora_figure(paths: Sequence[str | Path], out: str | Path, title: str = "", smoke: bool = False) -> pd.DataFrame:
+    """Reported accuracy against E_lora (alternating FedDecomp runs), other methods as dashed levels.
+    Written to `out` (.png) and its .pdf twin; runs on synthetic data, or `smoke`, mark it a smoke run.
+
+    Returns one row per scenario and E_lora value (or reference method): mean, std and seeds.
+    """
+    data, synthetic = elora_data(paths)
+    return draw_elora(data, out, title, smoke or synthetic)
+
+
+def draw_elora(data: pd.DataFrame, out: str | Path, title: str = "", smoke: bool = False) -> pd.DataFrame:
+    """`elora_figure` of `elora_data`'s rows."""
+    sweep = data.dropna(subset=["e_lora"])
     scenarios = list(dict.fromkeys(sweep["scenario"]))
-    plt, fig, axes = _axes(len(scenarios))
+    references = list(dict.fromkeys(data["reference"].dropna()))
+    styles = method_styles(["FedDecomp (alternating)", *references])
+    plt, fig, axes = panel_grid(len(scenarios))
     table = []
     for ax, scenario in zip(axes.flat, scenarios):
         d = sweep[sweep.scenario == scenario]
         g = d.groupby("e_lora")["accuracy"].agg(mean="mean", std=lambda a: a.std(ddof=0), count="count")
-        ax.errorbar(g.index, g["mean"], yerr=g["std"], marker="o", capsize=3, color="C0", label="FedDecomp")
+        ax.errorbar(g.index, g["mean"], yerr=g["std"], marker="o", capsize=3,
+                    color=styles["FedDecomp (alternating)"]["color"], label="FedDecomp (alternating)")
         table += [{"scenario": scenario, "method": "feddecomp", "e_lora": int(e), **r} for e, r in g.iterrows()]
         refs = data[(data.scenario == scenario) & data.reference.notna()]
-        for i, (name, r) in enumerate(refs.groupby("reference", sort=False)["accuracy"]):
-            ax.axhline(r.mean(), ls="--", color=f"C{i + 1}", label=name)
+        for name, r in refs.groupby("reference", sort=False)["accuracy"]:
+            ax.axhline(r.mean(), ls="--", color=styles[name]["color"], label=name)
             table.append({"scenario": scenario, "method": name, "mean": r.mean(), "std": r.std(ddof=0),
                           "count": len(r)})
         ax.set_title(scenario)
@@ -130,7 +156,5 @@ def elora_figure(paths: Sequence[str | Path], out: str | Path, title: str = "") 
         ax.set_ylabel("reported accuracy [%]")
         ax.set_xticks(sorted(g.index))
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(scenarios):]:
-        ax.set_visible(False)
-    _finish(plt, fig, axes, out, title)
+    _finish(fig, axes, out, title, smoke)
     return pd.DataFrame(table).astype({"e_lora": "Int64", "count": int})

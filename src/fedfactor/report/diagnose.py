@@ -20,7 +20,7 @@ without them are listed with the reason and skipped; a layer the analysis fails 
 gets a row with the error text. Outputs (in `out_dir`, every one written atomically):
 diagnostics.csv (one row per run x layer), eigenvalues.csv (the eigenvalue curves), diagnostics.md
 (means over seeds per scenario x method x layer), communalities.png, eigenvalues.png and, when a
-FedFac run is among them, split_history.png and stability.png. Each run with an MLflow run gets its
+FedFac run is among them, split_history.png and stability.png, each figure with a .pdf twin. Each run with an MLflow run gets its
 numbers as metrics `fa.<index>.<name>` and its own rows and figures as artifacts under
 diagnostics/ (warnings only when that fails).
 """
@@ -42,8 +42,8 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..errors import UsageError
-from ..io import atomic_write_bytes, atomic_write_text
-from .figures import _png
+from ..io import atomic_write_text
+from .figures import legend_outside, method_styles, pyplot, save_figure
 from .runs import RunKey, find_summaries, read_summary
 
 log = logging.getLogger("fedfactor")
@@ -260,7 +260,7 @@ def analyse_run(info: RunInfo, kappa: float, method: str) -> list[LayerResult]:
 
 
 def diagnose(run_dirs: Sequence[str | Path], out_dir: str | Path, kappa: float = 0.85, method: str = "principal",
-             mlflow: bool = True, uri: str | None = None) -> dict:
+             mlflow: bool = True, uri: str | None = None, figures_dir: str | Path | None = None) -> dict:
     """Analyse the runs under `run_dirs`, write the outputs into `out_dir` (see the module
     docstring) and, unless `mlflow` is False, log each run's numbers onto its MLflow run in the
     store `uri` (default: the run's own tracking.uri). Returns {"rows": DataFrame, "skipped":
@@ -294,14 +294,13 @@ def diagnose(run_dirs: Sequence[str | Path], out_dir: str | Path, kappa: float =
 
     write_text("diagnostics.csv", rows.to_csv(index=False))
     write_text("eigenvalues.csv", _curves_frame(layer_results).to_csv(index=False))
-    for name, draw in (("communalities.png", _communalities_png), ("eigenvalues.png", _eigenvalues_png)):
-        atomic_write_bytes(out / name, draw(layer_results, kappa))
-        written.append(out / name)
+    figures = out if figures_dir is None else Path(figures_dir)  # the workflow reports a folder of them
+    for name, draw in (("communalities.png", _communalities_fig), ("eigenvalues.png", _eigenvalues_fig)):
+        written += save_figure(draw(layer_results, kappa), figures / name)
     fedfac = [r for r in layer_results if r.history is not None]
     if fedfac:
-        for name, draw in (("split_history.png", _split_history_png), ("stability.png", _stability_png)):
-            atomic_write_bytes(out / name, draw(fedfac))
-            written.append(out / name)
+        for name, draw in (("split_history.png", _split_history_fig), ("stability.png", _stability_fig)):
+            written += save_figure(draw(fedfac), figures / name)
     write_text("diagnostics.md", to_markdown(rows, skipped, kappa, method, len(runs)))
 
     outcomes = {}
@@ -374,31 +373,21 @@ def to_markdown(rows: pd.DataFrame, skipped: list[tuple[RunInfo, str]], kappa: f
 # -- figures ------------------------------------------------------------------------------------
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _grid(n: int, width: float = 4.0, height: float = 3.2, max_cols: int = 4):
-    plt = _plt()
+    plt = pyplot()
     cols = max(1, min(n, max_cols))
     rows = max(1, -(-n // cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False,
+                             layout="constrained")
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     return plt, fig, list(axes.flat)
 
 
-def _finish(plt, fig, title: str) -> bytes:
+def _finish(plt, fig, title: str):
+    """The figure, titled; `save_figure` writes it as PNG and PDF."""
     fig.suptitle(title, wrap=True)
-    fig.tight_layout()
-    data = _png(fig)
-    plt.close(fig)
-    return data
+    return fig
 
 
 def _panels(results: list[LayerResult]) -> dict[tuple, list[LayerResult]]:
@@ -408,7 +397,7 @@ def _panels(results: list[LayerResult]) -> dict[tuple, list[LayerResult]]:
     return panels
 
 
-def _nothing_png(title: str, text: str) -> bytes:
+def _nothing_fig(title: str, text: str):
     plt, fig, (ax,) = _grid(1, 5, 2.5)
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
     ax.set_axis_off()
@@ -421,7 +410,7 @@ def _method_lines(ax, runs: list[LayerResult], xy, colors: dict[str, str], step:
     for r in runs:
         m = r.row["method"]
         x, y = xy(r)
-        style = dict(color=colors[m], alpha=0.8, linewidth=1.2, label=None if m in labelled else m)
+        style = dict(**colors[m], alpha=0.8, linewidth=1.2, label=None if m in labelled else m)
         if step:
             ax.step(x, y, where="post", **style)
         else:
@@ -429,23 +418,24 @@ def _method_lines(ax, runs: list[LayerResult], xy, colors: dict[str, str], step:
         labelled.add(m)
 
 
-def _layer_figure(results: list[LayerResult], title: str, draw, legend: str) -> bytes:
-    """One panel per scenario x layer; `draw(ax, runs, colors)` adds the lines of its runs."""
+def _layer_figure(results: list[LayerResult], title: str, draw):
+    """One panel per scenario x layer; `draw(ax, runs, styles)` adds the lines of its runs; one
+    legend of the methods beside the panels."""
     if not results:
-        return _nothing_png(title, "no layer analysed")
+        return _nothing_fig(title, "no layer analysed")
     panels = _panels(results)
-    colors = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(r.row["method"] for r in results))}
+    colors = method_styles(list(dict.fromkeys(r.row["method"] for r in results)))
     plt, fig, axes = _grid(len(panels))
     for ax, ((scenario, layer, module), runs) in zip(axes, panels.items()):
         draw(ax, runs, colors)
         ax.set_title(f"{scenario}, layer {layer} ({module})", fontsize="medium")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small", loc=legend)
+    legend_outside(fig, axes, title="method (one line per run)")
     return _finish(plt, fig, title)
 
 
-def _communalities_png(results: list[LayerResult], kappa: float) -> bytes:
+def _communalities_fig(results: list[LayerResult], kappa: float):
     """ECDF of nu, one panel per scenario x layer, one line per run coloured by method."""
     def ecdf(r):
         x = np.sort(r.nu)
@@ -458,10 +448,10 @@ def _communalities_png(results: list[LayerResult], kappa: float) -> bytes:
         ax.set_xlim(0, max(1.0, max(float(r.nu.max()) for r in runs)))
 
     return _layer_figure([r for r in results if r.nu is not None],
-                         "Communalities nu of the clients' final weights (ECDF)", draw, "upper left")
+                         "Communalities nu of the clients' final weights (ECDF)", draw)
 
 
-def _eigenvalues_png(results: list[LayerResult], kappa: float) -> bytes:
+def _eigenvalues_fig(results: list[LayerResult], kappa: float):
     """Cumulative eigenvalue share against the number of factors, kappa marked."""
     from matplotlib.ticker import MaxNLocator
 
@@ -474,11 +464,10 @@ def _eigenvalues_png(results: list[LayerResult], kappa: float) -> bytes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
     return _layer_figure([r for r in results if r.curve is not None and len(r.curve)],
-                         f"Cumulative eigenvalue share of R (G = first m reaching kappa = {kappa:g})", draw,
-                         "lower right")
+                         f"Cumulative eigenvalue share of R (G = first m reaching kappa = {kappa:g})", draw)
 
 
-def _split_history_png(results: list[LayerResult]) -> bytes:
+def _split_history_fig(results: list[LayerResult]):
     """One heatmap per FedFac run x layer: analysed rounds x units, shared dark, units sorted by how
     often they were shared."""
     from matplotlib.colors import ListedColormap
@@ -500,7 +489,7 @@ def _split_history_png(results: list[LayerResult]) -> bytes:
     return _finish(plt, fig, "FedFac split per analysed round (blue: shared, grey: personal)")
 
 
-def _stability_png(results: list[LayerResult]) -> bytes:
+def _stability_fig(results: list[LayerResult]):
     """Share of units whose state did not change since the previous analysed round (001 Figure 7),
     one panel per scenario x layer, one line per run."""
     from matplotlib.ticker import MaxNLocator
@@ -520,7 +509,7 @@ def _stability_png(results: list[LayerResult]) -> bytes:
             ax.text(0.5, 0.5, "one analysed round only\n(static FedFac): nothing can change", ha="center",
                     va="center", transform=ax.transAxes, fontsize="small")
         else:
-            ax.legend(fontsize="small", loc="lower right")
+            ax.legend(fontsize="x-small", loc="lower left", ncols=1 + len(runs) // 8)
         ax.set_title(f"{scenario}, layer {layer} ({module})", fontsize="medium")
         ax.set_xlabel("round")
         ax.set_ylabel("share of units unchanged")
@@ -586,9 +575,9 @@ def _run_artifacts(info: RunInfo, results: list[LayerResult], kappa: float, fold
     rows = pd.DataFrame([r.row for r in results], columns=COLUMNS)
     atomic_write_text(folder / "factor_analysis.csv", rows.to_csv(index=False))
     if any(r.nu is not None for r in results):
-        atomic_write_bytes(folder / "communalities.png", _communalities_png(results, kappa))
-        atomic_write_bytes(folder / "eigenvalues.png", _eigenvalues_png(results, kappa))
+        save_figure(_communalities_fig(results, kappa), folder / "communalities.png")
+        save_figure(_eigenvalues_fig(results, kappa), folder / "eigenvalues.png")
     fedfac = [r for r in results if r.history is not None]
     if fedfac:
-        atomic_write_bytes(folder / "split_history.png", _split_history_png(fedfac))
-        atomic_write_bytes(folder / "stability.png", _stability_png(fedfac))
+        save_figure(_split_history_fig(fedfac), folder / "split_history.png")
+        save_figure(_stability_fig(fedfac), folder / "stability.png")

@@ -9,27 +9,47 @@ a run still in progress can be drawn too.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import UsageError
-from ..io import atomic_write_bytes
-from .figures import _png
-from .runs import RunKey, read_summary
+from .figures import DatasetKey, decorate, is_synthetic, pyplot, save_figure
+from .runs import read_summary
 
 SIMILARITIES = {"similarity_u": "$u^{L-1}$", "similarity_v": "$v^{L-1}$", "similarity_z": "$z$"}
 COUNTS = "matching_counts"
 _ROUND_FILE = re.compile(r"round_(\d+)\.npy")  # fullmatch: leaves out the writer's .tmp files
 
 
-def similarity_heatmaps(run_dir: str | Path, out_png: str | Path, rounds: list[int] | None = None,
-                        title: str = "") -> dict:
-    """Draw the similarity matrices of `run_dir` at `rounds` (default: first, middle, last) to `out_png`.
+@dataclass
+class Similarity:
+    """What a run's similarity diagnostics hold at the chosen rounds, loaded and checked."""
 
-    Returns what was drawn: {"rows": names, "rounds": rounds, "counts_round": round or None,
-    "clients": K}.
-    """
+    run_dir: Path
+    rows: list[str]  # the similarity names, in SIMILARITIES' order
+    rounds: list[int]  # the columns
+    matrices: dict[tuple[str, int], np.ndarray]  # (name, round) -> K x K
+    counts: np.ndarray | None  # matching counts after counts_round (cumulative), K x K
+    counts_round: int | None
+    clients: int
+
+
+def logged(run_dir: str | Path, name: str) -> bool:
+    """Whether `run_dir` has a round file of the diagnostic `name` (without reading or checking it)."""
+    folder = Path(run_dir) / "diagnostics" / name
+    return folder.is_dir() and any(_ROUND_FILE.fullmatch(p.name) for p in folder.iterdir())
+
+
+def has_similarity(run_dir: str | Path) -> bool:
+    """Whether `run_dir` logged any client similarity."""
+    return any(logged(run_dir, name) for name in SIMILARITIES)
+
+
+def load_similarity(run_dir: str | Path, rounds: list[int] | None = None) -> Similarity:
+    """The similarity matrices of `run_dir` at `rounds` (default: first, middle, last) and its last
+    matching counts, checked; every problem is one UsageError naming the file."""
     run_dir = Path(run_dir)
     available = _available_rounds(run_dir)
     rows = [name for name in SIMILARITIES if name in available]
@@ -49,11 +69,21 @@ def similarity_heatmaps(run_dir: str | Path, out_png: str | Path, rounds: list[i
                                    and (counts == np.round(counts)).all()):
         raise UsageError(f"{_path(run_dir, COUNTS, counts_round)} holds something other than counts "
                          "(whole numbers >= 0); the file is damaged: re-run the run")
+    return Similarity(run_dir, rows, columns, matrices, counts, counts_round, sizes.pop())
 
-    if not title:
-        title = _run_title(run_dir)
-    _draw(matrices, rows, columns, counts, counts_round, out_png, title)
-    return {"rows": rows, "rounds": columns, "counts_round": counts_round, "clients": sizes.pop()}
+
+def similarity_heatmaps(run_dir: str | Path, out_png: str | Path, rounds: list[int] | None = None,
+                        title: str = "", smoke: bool = False) -> dict:
+    """Draw the similarity matrices of `run_dir` at `rounds` (default: first, middle, last) to
+    `out_png` and its .pdf twin. A run on synthetic data, or `smoke`, marks the figure a smoke run.
+
+    Returns what was drawn: {"rows": names, "rounds": rounds, "counts_round": round or None,
+    "clients": K}.
+    """
+    sim = load_similarity(run_dir, rounds)
+    run_title, synthetic = _run_info(sim.run_dir)
+    _draw(sim, out_png, title or run_title, smoke or synthetic)
+    return {"rows": sim.rows, "rounds": sim.rounds, "counts_round": sim.counts_round, "clients": sim.clients}
 
 
 def _available_rounds(run_dir: Path) -> dict[str, list[int]]:
@@ -124,44 +154,50 @@ def _load(run_dir: Path, name: str, r: int) -> np.ndarray:
     return m.astype(float)
 
 
-def _run_title(run_dir: Path) -> str:
+def _run_info(run_dir: Path) -> tuple[str, bool]:
+    """The run's default title and whether it trained on synthetic data."""
     # summary.json appears only when a run finishes, and a figure of an unfinished or oddly
     # ended run is still worth drawing: without a readable summary there is just no title.
     try:
-        run = read_summary(run_dir / "summary.json", RunKey)
+        run = read_summary(run_dir / "summary.json", DatasetKey)
     except UsageError:
-        return ""
-    return f"{run.scenario} / {run.method} / seed {run.seed}"
+        return "", False
+    return f"{run.scenario} / {run.method} / seed {run.seed}", is_synthetic(run.dataset)
 
 
-def _draw(matrices, rows, columns, counts, counts_round, out_png, title) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def heatmap(ax, m: np.ndarray, cmap, vmin: float, vmax: float):
+    """A clients x clients matrix with clients numbered 1..K on both axes; returns the image."""
     from matplotlib.ticker import MaxNLocator
 
+    k = m.shape[0]
+    # extent puts pixel centres at client numbers 1..K, so integer ticks label clients
+    im = ax.imshow(m, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest",
+                   extent=(0.5, k + 0.5, k + 0.5, 0.5))
+    for axis in (ax.xaxis, ax.yaxis):
+        if k <= 10:
+            axis.set_ticks(range(1, k + 1))
+        else:  # every client number would be unreadable
+            axis.set_major_locator(MaxNLocator(integer=True, nbins=6))
+    return im
+
+
+def similarity_cmap():
+    """Diverging, grey where a client had not uploaded yet (NaN)."""
+    return pyplot().get_cmap("RdBu_r").with_extremes(bad="lightgrey")
+
+
+def _draw(sim: Similarity, out_png, title: str, smoke: bool) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    plt = pyplot()
+    rows, columns, counts = sim.rows, sim.rounds, sim.counts
     n_cols = len(columns) + (counts is not None)
     fig, axes = plt.subplots(len(rows), n_cols, figsize=(3.2 * n_cols + 1, 3.3 * len(rows) + 0.5),
                              squeeze=False, layout="constrained")
-    diverging = plt.get_cmap("RdBu_r").with_extremes(bad="lightgrey")  # clients not uploaded yet
-
-    def heatmap(ax, m, cmap, vmin, vmax):
-        k = m.shape[0]
-        # extent puts pixel centres at client numbers 1..K, so integer ticks label clients
-        im = ax.imshow(m, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest",
-                       extent=(0.5, k + 0.5, k + 0.5, 0.5))
-        for axis in (ax.xaxis, ax.yaxis):
-            if k <= 10:
-                axis.set_ticks(range(1, k + 1))
-            else:  # every client number would be unreadable
-                axis.set_major_locator(MaxNLocator(integer=True, nbins=6))
-        return im
-
     for i, name in enumerate(rows):
         for j, r in enumerate(columns):
             ax = axes[i, j]
-            im = heatmap(ax, matrices[name, r], diverging, -1, 1)
+            im = heatmap(ax, sim.matrices[name, r], similarity_cmap(), -1, 1)
             ax.set_title(f"{SIMILARITIES[name]}, round {r}", fontsize="medium")
             ax.set_xlabel("client")
             ax.set_ylabel("client")
@@ -170,13 +206,11 @@ def _draw(matrices, rows, columns, counts, counts_round, out_png, title) -> None
     if counts is not None:
         ax = axes[0, -1]
         im = heatmap(ax, counts, "viridis", 0, max(counts.max(), 1))
-        ax.set_title(f"matching counts after round {counts_round}", fontsize="medium")
+        ax.set_title(f"matching counts after round {sim.counts_round}", fontsize="medium")
         ax.set_xlabel("client mixed in")
         ax.set_ylabel("client")
         fig.colorbar(im, ax=ax, label="rounds", shrink=0.8, ticks=MaxNLocator(integer=True))
         for ax in axes[1:, -1]:
             ax.set_visible(False)
-    if title:
-        fig.suptitle(title)
-    atomic_write_bytes(out_png, _png(fig))
-    plt.close(fig)
+    decorate(fig, title, smoke)
+    save_figure(fig, out_png)

@@ -51,6 +51,8 @@ Accuracy = Annotated[float, Field(ge=0, le=1)]
 class TableRun(RunKey):
     """The fields `fedfactor table` reads."""
 
+    dataset: str  # synthetic:NAME in a smoke run
+
     # null (or NaN) when eval.report is best_val and the run had no validation data
     accuracy: Annotated[Accuracy | None, BeforeValidator(_nan_is_null)]
     accuracy_mean: Accuracy

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 import pandas as pd
@@ -9,6 +10,7 @@ import pandas as pd
 from ..errors import UsageError
 from ..io import atomic_write_text
 from .runs import TableRun, find_summaries, read_summary
+from .study import SMOKE_TITLE
 
 
 PROTOCOL_WORDS = {
@@ -55,36 +57,68 @@ def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def to_markdown(agg: pd.DataFrame, title: str) -> str:
-    """The reported accuracy (%), mean +- std over seeds; communication in GB (1e9 bytes)."""
+
+
+def cells(agg: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Header and rows: reported accuracy (%) mean +- std over seeds per scenario, cost in GB (1e9 bytes)."""
     scenarios = list(dict.fromkeys(agg["scenario"]))
-    methods = list(dict.fromkeys(agg["method"]))
     cell = {(r.scenario, r.method): r for r in agg.itertuples()}
-    head = ["method", *scenarios, "cost [GB]"]
-    lines = [f"# {title}", "",
-             f"Accuracy [%]: mean over clients, each client's {_words(agg, 'eval_model')} scored "
-             f"{_words(agg, 'test_pool')}, {_words(agg, 'report')}; mean +- std over seeds (seeds per cell in "
-             "brackets). Cost = bytes sent up and down, summed over the run.",
-             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for m in methods:
-        cells = []
+    rows = []
+    for m in dict.fromkeys(agg["method"]):
+        row = [m]
         for s in scenarios:
             r = cell.get((s, m))
-            cells.append("-" if r is None else f"{100 * r.accuracy:.2f} +- {100 * r.accuracy_sd:.2f} ({r.seeds})")
+            row.append("-" if r is None else f"{100 * r.accuracy:.2f} +- {100 * r.accuracy_sd:.2f} ({r.seeds})")
         # One number when every scenario costs the same; a range when, e.g., local heads send less.
         gb = agg.loc[agg["method"] == m, "bytes_total"] / 1e9
-        cells.append(f"{gb.min():.4f}" if gb.min() == gb.max() else f"{gb.min():.4f} - {gb.max():.4f}")
-        lines.append("| " + " | ".join([m, *cells]) + " |")
+        row.append(f"{gb.min():.4f}" if gb.min() == gb.max() else f"{gb.min():.4f} - {gb.max():.4f}")
+        rows.append(row)
+    return ["method", *scenarios, "cost [GB]"], rows
+
+
+def caption(agg: pd.DataFrame) -> str:
+    return (f"Accuracy [%]: mean over clients, each client's {_words(agg, 'eval_model')} scored "
+            f"{_words(agg, 'test_pool')}, {_words(agg, 'report')}; mean +- std over seeds (seeds per cell in "
+            "brackets). Cost = bytes sent up and down, summed over the run.")
+
+
+def to_markdown(agg: pd.DataFrame, title: str, notes: list[str] = ()) -> str:
+    head, rows = cells(agg)
+    lines = [f"# {title}", "", caption(agg), *(f"\n{n}" for n in notes), "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def to_html(agg: pd.DataFrame, title: str, notes: list[str] = ()) -> str:
+    head, rows = cells(agg)
+    table = pd.DataFrame(rows, columns=head).to_html(index=False, border=0, classes="results")
+    paras = "".join(f"<p>{html.escape(t)}</p>" for t in (caption(agg), *notes))
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{HTML_STYLE}</style></head><body><h1>{html.escape(title)}</h1>{paras}{table}</body></html>\n")
+
+
+HTML_STYLE = ("body{font-family:sans-serif;margin:1em} table{border-collapse:collapse} "
+              "th,td{padding:.25em .6em;border-bottom:1px solid #ccc;text-align:right} "
+              "td:first-child,th:first-child{text-align:left}")
 
 
 def _words(agg: pd.DataFrame, column: str) -> str:
     return PROTOCOL_WORDS[agg[column].iloc[0]]
 
 
-def write_tables(runs: pd.DataFrame, out_md: str | Path, out_csv: str | Path, title: str = "Results") -> str:
+def write_tables(runs: pd.DataFrame, out_md: str | Path, out_csv: str | Path, title: str = "Results",
+                 out_html: str | Path | None = None, skipped: dict[str, str] | None = None) -> str:
+    """Markdown, csv (and html); `skipped` (label -> method name) lists methods the study names but
+    fedfactor does not implement yet. Runs on synthetic data are flagged in the title and the csv."""
     agg = aggregate(runs)
-    md = to_markdown(agg, title)
-    atomic_write_text(out_csv, agg.to_csv(index=False))
+    smoke = runs["dataset"].str.startswith("synthetic:").any()
+    if smoke and not title.startswith(SMOKE_TITLE):
+        title = SMOKE_TITLE + title
+    notes = [f"Not implemented yet, skipped: {', '.join(f'{k} ({v})' for k, v in skipped.items())}."] if skipped else []
+    md = to_markdown(agg, title, notes)
+    atomic_write_text(out_csv, agg.assign(smoke_run_synthetic_data=smoke).to_csv(index=False))
     atomic_write_text(out_md, md)
+    if out_html is not None:
+        atomic_write_text(out_html, to_html(agg, title, notes))
     return md

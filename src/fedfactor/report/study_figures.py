@@ -1,0 +1,337 @@
+"""A study's figures: every method against every other, one panel per scenario, as PNG and PDF.
+
+`study_figures(summaries, out_dir, title)` reads the runs under `summaries` (run folders, their
+summary.json files, or folders above them) and writes into `out_dir`:
+
+always
+  accuracy_rounds   mean client accuracy per round, mean +- std over seeds, a line per method
+                    (Factorized-FL 000 Fig. 6, FedFac 001 Fig. 9)
+  accuracy_bytes    the same against the cumulative bytes sent up and down (log x); a method that
+                    sends nothing (local training) is a dotted level at its last-round accuracy
+  per_client        each client's accuracy at the last round, a box with the clients as points per
+                    method, methods ordered by median (001 Fig. 8, 002 Fig. 11)
+when the runs hold their data
+  similarity        client similarity heatmaps (first, middle, last round) of one representative
+                    Factorized-FL/SimFed run per scenario (000 Fig. 7)
+  matching          how often each client mixed in each other client over the run, same runs
+  decomp            FedDecomp's sigma/tau diagnostics per round (004 Fig. 6)
+  elora             accuracy against E_lora, when alternating FedDecomp runs try two or more
+                    E_lora values in a scenario (004 Fig. 5)
+
+each as NAME.png and NAME.pdf. An optional figure whose data is absent is not written, and a copy
+an earlier call left in `out_dir` is removed, so the folder shows exactly what the runs hold.
+Figures of runs on synthetic data (dataset "synthetic:...") or with `smoke` carry the title
+SMOKE_TITLE and a diagonal watermark. Every problem with the runs is one UsageError, raised
+before any figure is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Sequence
+
+import numpy as np
+import pandas as pd
+from pydantic import BeforeValidator, Field
+
+from ..errors import UsageError
+from . import heatmaps
+from .decomp import DIAGNOSTICS, draw_decomposition, draw_elora, elora_data, is_sweep_run
+from .figures import (DatasetKey, _read_metrics, decorate, is_synthetic, legend_outside, mean_band, method_styles,
+                      panel_grid, pyplot, save_figure)
+from .runs import Accuracy, _nan_is_null, find_summaries, read_summary
+
+ALWAYS = ("accuracy_rounds", "accuracy_bytes", "per_client")
+OPTIONAL = ("similarity", "matching", "decomp", "elora")
+MB = 1e6
+_FIX = "the run did not finish or the file is damaged: re-run it"
+
+ClientAccuracy = Annotated[Accuracy | None, BeforeValidator(_nan_is_null)]
+
+
+class StudyRun(DatasetKey):
+    """What the study figures read from a summary beside the run's name."""
+
+    # null (NaN) for a client without test data
+    per_client_accuracy: list[ClientAccuracy]
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass
+class Study:
+    """The runs of a study, read and checked."""
+
+    runs: pd.DataFrame  # one row per run: scenario, method, seed, dataset, dir, per_client, config
+    curves: pd.DataFrame  # metrics.csv's evaluated rounds of every run, tagged, with bytes_mb
+    scenarios: list[str]  # in the order they first appear
+    methods: list[str]
+    synthetic: bool  # some run trained on synthetic data
+
+
+def load_study(summaries: Sequence[str | Path]) -> Study:
+    """Every run's summary and metrics.csv, checked; UsageError naming the file otherwise."""
+    files = list(dict.fromkeys(p.resolve() for p in find_summaries(summaries)))
+    rows, frames, seen = [], [], {}
+    for s in files:
+        run = read_summary(s, StudyRun)
+        key = (run.scenario, run.method, run.seed)
+        if key in seen:
+            raise UsageError(f"{seen[key]} and {s} are both scenario {run.scenario}, method {run.method}, seed "
+                             f"{run.seed}; pass the runs of one study (their labels must differ)")
+        seen[key] = s
+        metrics = _read_bytes(s.parent / "metrics.csv", _read_metrics(s.parent / "metrics.csv"))
+        frames.append(metrics.assign(scenario=run.scenario, method=run.method, seed=run.seed))
+        rows.append({"scenario": run.scenario, "method": run.method, "seed": run.seed, "dataset": run.dataset,
+                     "dir": s.parent, "per_client": [a for a in run.per_client_accuracy if a is not None],
+                     "config": run.config})
+    runs = pd.DataFrame(rows)
+    return Study(runs=runs, curves=pd.concat(frames, ignore_index=True),
+                 scenarios=list(dict.fromkeys(runs["scenario"])), methods=list(dict.fromkeys(runs["method"])),
+                 synthetic=bool(runs["dataset"].map(is_synthetic).any()))
+
+
+def _read_bytes(path: Path, m: pd.DataFrame) -> pd.DataFrame:
+    """`m` with bytes_mb: the bytes sent up and down until each round, in MB, checked."""
+    for c in ("bytes_up", "bytes_down"):
+        if c not in m:
+            raise UsageError(f"{path} has no column {c!r}; {_FIX}")
+        if not pd.api.types.is_numeric_dtype(m[c]) or m[c].isna().any() or not np.isfinite(m[c]).all() \
+                or (m[c] < 0).any():
+            raise UsageError(f"{path}: {c} holds something other than byte counts (numbers >= 0); {_FIX}")
+    return m.assign(bytes_mb=(m["bytes_up"] + m["bytes_down"]) / MB)
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+def study_figures(summaries: Sequence[str | Path], out_dir: str | Path, title: str, smoke: bool = False) -> list[Path]:
+    """Write the study's figures into `out_dir` (see the module docstring); returns the written
+    paths, PNG then PDF of each figure, in the order of ALWAYS then OPTIONAL."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder for the figures")
+    study = load_study(summaries)
+    smoke = bool(smoke or study.synthetic)
+    styles = method_styles(study.methods)
+
+    # everything that can fail on bad input is read before the first figure is written
+    reps = _representatives(study)
+    sims = {scenario: heatmaps.load_similarity(run["dir"]) for scenario, run in reps.items()}
+    decomp = _decomp_rows(study)
+    elora = elora_data([d / "summary.json" for d in study.runs["dir"]])[0] if _has_sweep(study) else None
+
+    figures = {
+        "accuracy_rounds": lambda: _accuracy_figure(study, styles, by_bytes=False),
+        "accuracy_bytes": lambda: _accuracy_figure(study, styles, by_bytes=True),
+        "per_client": lambda: _per_client_figure(study, styles),
+    }
+    if sims:
+        figures["similarity"] = lambda: _similarity_figure(reps, sims)
+    if any(sim.counts is not None for sim in sims.values()):
+        figures["matching"] = lambda: _matching_figure(reps, sims)
+    titles = {
+        "accuracy_rounds": "mean client accuracy per round (mean ± std over seeds)",
+        "accuracy_bytes": "mean client accuracy against bytes sent (mean ± std over seeds)",
+        "per_client": "each client's accuracy at the last round",
+        "similarity": "cosine similarity between clients (one run per scenario)",
+        "matching": "how often each client mixed in each other client (one run per scenario)",
+        "decomp": "FedDecomp's sigma and tau diagnostics per round (mean ± std over seeds)",
+        "elora": "reported accuracy against E_lora (mean ± std over seeds)",
+    }
+
+    written: list[Path] = []
+    for name, draw in figures.items():
+        fig = draw()
+        decorate(fig, _join(title, titles[name]), smoke)
+        written += save_figure(fig, out / f"{name}.png")
+    if decomp is not None:
+        draw_decomposition(decomp, out / "decomp.png", _join(title, titles["decomp"]), smoke, styles)
+        written += [out / "decomp.png", out / "decomp.pdf"]
+    if elora is not None:
+        draw_elora(elora, out / "elora.png", _join(title, titles["elora"]), smoke)
+        written += [out / "elora.png", out / "elora.pdf"]
+    for name in OPTIONAL:  # a figure an earlier call drew from runs that had its data
+        for stale in (out / f"{name}.png", out / f"{name}.pdf"):
+            if stale not in written:
+                stale.unlink(missing_ok=True)
+    return written
+
+
+def _join(title: str, what: str) -> str:
+    return f"{title}: {what}" if title else what[0].upper() + what[1:]
+
+
+# -- what is there --------------------------------------------------------------------------------
+
+
+def _representatives(study: Study) -> dict[str, pd.Series]:
+    """Per scenario, the run whose similarities are drawn: of the runs that logged client
+    similarities, one that also counted matches if any, then the first method, then the lowest seed."""
+    order = {m: i for i, m in enumerate(study.methods)}
+    reps = {}
+    for scenario in study.scenarios:
+        runs = study.runs[study.runs.scenario == scenario]
+        candidates = [run for _, run in runs.iterrows() if heatmaps.has_similarity(run["dir"])]
+        if candidates:
+            reps[scenario] = min(candidates, key=lambda r: (not heatmaps.logged(r["dir"], heatmaps.COUNTS),
+                                                            order[r["method"]], r["seed"]))
+    return reps
+
+
+def _decomp_rows(study: Study) -> pd.DataFrame | None:
+    """The metrics rows of the runs that logged FedDecomp's diagnostics, or None."""
+    columns = [c for c in DIAGNOSTICS if c in study.curves]
+    if not columns:
+        return None
+    keys = ["scenario", "method", "seed"]
+    with_values = study.curves[study.curves[columns].notna().any(axis=1)][keys].drop_duplicates()
+    data = study.curves.merge(with_values, on=keys)  # every row of the runs that logged them
+    return None if data.empty else data
+
+
+def _has_sweep(study: Study) -> bool:
+    """Whether some scenario holds alternating FedDecomp runs of two or more E_lora values."""
+    values: dict[str, set] = {}
+    for _, run in study.runs.iterrows():
+        if is_sweep_run(run["config"]):
+            values.setdefault(run["scenario"], set()).add(repr(run["config"]["method"]["e_lora"]))
+    return any(len(v) >= 2 for v in values.values())
+
+
+# -- the figures ----------------------------------------------------------------------------------
+
+
+def _seeds(runs: pd.DataFrame) -> str:
+    counts = runs.groupby("method").size()
+    low, high = counts.min(), counts.max()
+    n = f"{low}" if low == high else f"{low}-{high}"
+    return f"{n} seed{'s' if high > 1 else ''}"
+
+
+def _accuracy_figure(study: Study, styles: dict, by_bytes: bool):
+    """A panel per scenario, a line per method: accuracy against rounds or cumulative bytes."""
+    from matplotlib.ticker import MaxNLocator
+
+    plt, fig, axes = panel_grid(len(study.scenarios), 4.4, 3.3)
+    for ax, scenario in zip(axes.flat, study.scenarios):
+        curves = study.curves[study.curves.scenario == scenario]
+        sent = False
+        for method in study.methods:
+            d = curves[curves.method == method]
+            if d.empty:
+                continue
+            if not by_bytes:
+                mean_band(ax, d, "accuracy_mean", label=method, **styles[method])
+                continue
+            positive = d[d.bytes_mb > 0]
+            if positive.empty:  # nothing sent (local training): no place on a log axis
+                last = d[d["round"] == d.groupby("seed")["round"].transform("max")]
+                ax.axhline(100 * last["accuracy_mean"].mean(), color=styles[method]["color"], linestyle=":",
+                           linewidth=1.2, label=f"{method} (sends nothing: last round)")
+            else:
+                mean_band(ax, positive, "accuracy_mean", label=method, x="bytes_mb", **styles[method])
+                sent = True
+        ax.set_title(f"{scenario} ({_seeds(study.runs[study.runs.scenario == scenario])})", fontsize="medium")
+        if by_bytes:
+            if sent:
+                ax.set_xscale("log")
+            ax.set_xlabel("bytes sent up + down, cumulative [MB]" + (" (log)" if sent else ""))
+        else:
+            ax.set_xlabel("communication round")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("mean client accuracy [%]")
+        ax.grid(alpha=0.3, which="both" if by_bytes else "major")
+    legend_outside(fig, axes.flat, title="method")
+    return fig
+
+
+def _boxplot_orientation() -> dict:
+    import matplotlib
+
+    major, minor = (int(x) for x in matplotlib.__version__.split(".")[:2])
+    return {"orientation": "horizontal"} if (major, minor) >= (3, 10) else {"vert": False}
+
+
+def _per_client_figure(study: Study, styles: dict):
+    """A panel per scenario: per method a box of its clients' last-round accuracies (clients of
+    every seed), the clients as points, methods ordered by median (best on top)."""
+    rng = np.random.default_rng(0)  # the points' jitter: the same figure for the same runs
+    per_panel = study.runs.groupby("scenario")["method"].nunique().max()
+    plt, fig, axes = panel_grid(len(study.scenarios), 4.6, 0.32 * per_panel + 1.4)
+    for ax, scenario in zip(axes.flat, study.scenarios):
+        runs = study.runs[study.runs.scenario == scenario]
+        values = {m: 100 * np.asarray([a for pcs in runs[runs.method == m]["per_client"] for a in pcs], dtype=float)
+                  for m in study.methods if (runs.method == m).any()}
+        empty = [m for m, v in values.items() if not len(v)]
+        ranked = sorted((m for m in values if len(values[m])), key=lambda m: -np.median(values[m]))
+        positions = np.arange(len(ranked), 0, -1)  # the best on top
+        if ranked:
+            boxes = ax.boxplot([values[m] for m in ranked], positions=positions, widths=0.6, patch_artist=True,
+                               showfliers=False, showmeans=True, whis=(0, 100), **_boxplot_orientation(),
+                               medianprops={"color": "black"},
+                               meanprops={"marker": "D", "markersize": 3.5, "markerfacecolor": "white",
+                                          "markeredgecolor": "black"})
+            for patch, m in zip(boxes["boxes"], ranked):
+                patch.set_facecolor(styles[m]["color"])
+                patch.set_alpha(0.35)
+            for pos, m in zip(positions, ranked):
+                v = values[m]
+                ax.scatter(v, pos + rng.uniform(-0.18, 0.18, len(v)), s=7, color=styles[m]["color"], alpha=0.7,
+                           linewidths=0, zorder=3)
+        ax.set_yticks(positions, ranked, fontsize="small" if len(ranked) <= 12 else "x-small")
+        ax.set_ylim(0.4, len(ranked) + 0.6)
+        ax.set_xlim(-2, 102)
+        ax.set_xlabel("client accuracy at the last round [%]")
+        note = f"; no client scored: {', '.join(empty)}" if empty else ""
+        ax.set_title(f"{scenario} ({_seeds(runs)}; a point per client and seed{note})", fontsize="small", wrap=True)
+        ax.grid(alpha=0.3, axis="x")
+    return fig
+
+
+def _run_label(run: pd.Series) -> str:
+    return f"{run['scenario']}: {run['method']}, seed {run['seed']}"
+
+
+def _similarity_figure(reps: dict[str, pd.Series], sims: dict[str, heatmaps.Similarity]):
+    """Rows: each representative run's similarities; columns: its first, middle and last round."""
+    plt = pyplot()
+    rows = [(scenario, name) for scenario, sim in sims.items() for name in sim.rows]
+    cols = max(len(sim.rounds) for sim in sims.values())
+    fig, axes = plt.subplots(len(rows), cols, figsize=(3.0 * cols + 1.4, 2.9 * len(rows) + 0.6), squeeze=False,
+                             layout="constrained")
+    im = None
+    for (scenario, name), row in zip(rows, axes):
+        sim = sims[scenario]
+        for j, ax in enumerate(row):
+            if j >= len(sim.rounds):
+                ax.set_visible(False)
+                continue
+            r = sim.rounds[j]
+            im = heatmaps.heatmap(ax, sim.matrices[name, r], heatmaps.similarity_cmap(), -1, 1)
+            ax.set_title(f"{heatmaps.SIMILARITIES[name]}, round {r}", fontsize="medium")
+            ax.set_xlabel("client")
+            ax.set_ylabel(f"{_run_label(reps[scenario])}\nclient" if j == 0 else "client",
+                          fontsize="small" if j == 0 else None)
+    fig.colorbar(im, ax=axes.ravel().tolist(), label="cosine similarity (grey: not uploaded yet)", shrink=0.6)
+    return fig
+
+
+def _matching_figure(reps: dict[str, pd.Series], sims: dict[str, heatmaps.Similarity]):
+    """A panel per scenario with matching counts: the share of rounds in which client i (row)
+    mixed in client j (column), the client itself left grey."""
+    plt = pyplot()
+    counted = [s for s, sim in sims.items() if sim.counts is not None]
+    _, fig, axes = panel_grid(len(counted), 3.6, 3.3)
+    cmap = plt.get_cmap("viridis").with_extremes(bad="lightgrey")
+    im = None
+    for ax, scenario in zip(axes.flat, counted):
+        sim = sims[scenario]
+        share = sim.counts / max(sim.counts_round, 1)
+        np.fill_diagonal(share, np.nan)
+        im = heatmaps.heatmap(ax, share, cmap, 0, 1)
+        ax.set_title(f"{_run_label(reps[scenario])}\nrounds 1-{sim.counts_round}", fontsize="small")
+        ax.set_xlabel("client mixed in")
+        ax.set_ylabel("client")
+    fig.colorbar(im, ax=[ax for ax in axes.flat if ax.get_visible()], label="share of rounds matched", shrink=0.8)
+    return fig

@@ -1,0 +1,166 @@
+"""`study_figures`: which files a study's runs give, the smoke-run marking, and bad input."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+from PIL import Image
+
+from fedfactor.errors import UsageError
+from fedfactor.report.figures import SMOKE_TITLE, WATERMARK_GID, method_styles
+from fedfactor.report.study_figures import ALWAYS, OPTIONAL, study_figures
+
+from ..conftest import write_content
+
+PNG, PDF = b"\x89PNG\r\n\x1a\n", b"%PDF"
+K, ROUNDS = 4, 3
+DECOMP = {"feddecomp.sigma_distance": 2.0, "feddecomp.delta_sigma": 1.0, "feddecomp.delta_tau": 0.5}
+
+
+def _run(root, scenario, method, seed, dataset="digits", bytes_per_round=2_000, config=None, metrics=(),
+         diagnostics=()):
+    """A finished run in root/<scenario>/<method>/seed<N>, like a study's runs folder."""
+    path = root / scenario / method / f"seed{seed}"
+    path.mkdir(parents=True)
+    per_client = [0.2 + 0.2 * k + 0.01 * seed for k in range(K - 1)] + [float("nan")]  # one client untested
+    summary = {"scenario": scenario, "method": method, "seed": seed, "dataset": dataset, "accuracy": 0.5,
+               "per_client_accuracy": per_client, "config": {"method": config or {"name": method}}}
+    (path / "summary.json").write_text(json.dumps(summary))
+    r = np.arange(1, ROUNDS + 1)
+    frame = pd.DataFrame({"round": r, "accuracy_mean": 0.3 + 0.1 * r + 0.01 * seed,
+                          "bytes_up": bytes_per_round * r, "bytes_down": bytes_per_round * r})
+    for column in metrics:
+        frame[column] = DECOMP[column] * r
+    frame.to_csv(path / "metrics.csv", index=False)
+    for name in diagnostics:
+        folder = path / "diagnostics" / name
+        folder.mkdir(parents=True)
+        for t in r:
+            m = np.full((K, K), t, np.int64) if name == "matching_counts" else np.eye(K) * 0.5 + 0.5
+            np.save(folder / f"round_{t:04d}.npy", m)
+    return path
+
+
+def _plain(root, dataset="digits"):
+    for scenario in ("iid", "dir0.1"):
+        for seed in (0, 1):
+            _run(root, scenario, "fedavg", seed, dataset=dataset)
+            _run(root, scenario, "local", seed, dataset=dataset, bytes_per_round=0)  # nothing on a log axis
+
+
+def _everything(root):
+    _plain(root)
+    _run(root, "iid", "factorized_fl_alpha", 0, diagnostics=("similarity_u", "similarity_v", "matching_counts"))
+    _run(root, "dir0.1", "simfed", 0, diagnostics=("similarity_z",))  # SimFed counts no matches
+    for e in (1, 3):
+        _run(root, "iid", f"feddecomp_e{e}", 0, metrics=list(DECOMP),
+             config={"name": "feddecomp", "e_lora": e, "training": "alternating"})
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """(title, has a watermark) of every figure rendered to PNG, in the order they were saved."""
+    seen = []
+    savefig = Figure.savefig
+
+    def spy(self, fname, *args, **kwargs):
+        if kwargs.get("format") == "png":
+            seen.append((self.get_suptitle(), any(t.get_gid() == WATERMARK_GID for t in self.texts)))
+        return savefig(self, fname, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    return seen
+
+
+def _check_files(written, names):
+    assert written == [written[0].parent / f"{n}.{ext}" for n in names for ext in ("png", "pdf")]
+    for path in written:
+        assert path.read_bytes()[:8 if path.suffix == ".png" else 4] == (PNG if path.suffix == ".png" else PDF)
+    assert not list(written[0].parent.glob(".*.tmp"))
+
+
+def test_plain_runs_give_the_three_figures_each_as_png_and_pdf(tmp_path, drawn):
+    _plain(tmp_path / "runs")
+    written = study_figures([tmp_path / "runs"], tmp_path / "figs", title="Study A")
+    _check_files(written, ALWAYS)
+    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == sorted(p.name for p in written)
+    assert [title.split(":")[0] for title, _ in drawn] == ["Study A"] * 3
+    assert not any(mark for _, mark in drawn)
+    assert Image.open(written[0]).text["Title"] == drawn[0][0]  # the title travels in the file too
+
+
+def test_optional_figures_appear_exactly_when_their_data_is_there(tmp_path):
+    _everything(tmp_path / "runs")
+    out = tmp_path / "figs"
+    _check_files(study_figures([tmp_path / "runs"], out, title="t"), ALWAYS + OPTIONAL)
+
+    # a later call without their data leaves no stale optional figure behind
+    _check_files(study_figures([tmp_path / "runs" / "dir0.1" / "fedavg"], out, title="t"), ALWAYS)
+    assert sorted(p.stem for p in out.iterdir()) == sorted(2 * list(ALWAYS))
+
+    # SimFed's similarities alone: heatmaps, but no matching counts to draw
+    _check_files(study_figures([tmp_path / "runs" / "dir0.1"], out, title="t"), ALWAYS + ("similarity",))
+
+
+def test_one_e_lora_value_is_no_sweep_but_its_diagnostics_are_drawn(tmp_path):
+    _run(tmp_path / "runs", "iid", "feddecomp", 0, metrics=["feddecomp.delta_sigma"],
+         config={"name": "feddecomp", "e_lora": 1, "training": "alternating"})
+    _run(tmp_path / "runs", "iid", "feddecomp", 1, config={"name": "feddecomp", "e_lora": 1, "training": "alternating"})
+    _check_files(study_figures([tmp_path / "runs"], tmp_path / "figs", title=""), ALWAYS + ("decomp",))
+
+
+@pytest.mark.parametrize("how", ["dataset", "flag"])
+def test_smoke_runs_are_titled_and_watermarked_in_every_figure(tmp_path, drawn, how):
+    if how == "dataset":  # one run on synthetic data is enough
+        _everything(tmp_path / "runs")
+        _run(tmp_path / "runs", "iid", "fedprox", 0, dataset="synthetic:blobs")
+    else:
+        _plain(tmp_path / "runs")
+    written = study_figures([tmp_path / "runs"], tmp_path / "figs", title="Study A", smoke=how == "flag")
+    assert len(drawn) == len(written) // 2 == len(ALWAYS + OPTIONAL if how == "dataset" else ALWAYS)
+    for title, mark in drawn:
+        assert title.startswith(SMOKE_TITLE) and "Study A" in title and mark
+
+
+def test_many_methods_get_distinct_styles():
+    styles = method_styles([f"m{i}" for i in range(30)])
+    assert len({(tuple(s["color"]), s["linestyle"]) for s in styles.values()}) == 30
+    assert len({tuple(s["color"]) for s in list(styles.values())[:20]}) == 20
+
+
+BAD = [  # (file, content, what the message says)
+    ("metrics.csv", "round,accuracy_mean\n1,0.1\n2,0.2,0.5,7\n", r"cannot read .*metrics.csv \(Error tokenizing"),
+    ("metrics.csv", None, "metrics.csv does not exist"),
+    ("metrics.csv", "round,accuracy_mean,bytes_down\n1,0.5,10\n", "has no column 'bytes_up'"),
+    ("metrics.csv", "round,accuracy_mean,bytes_up,bytes_down\n1,0.5,-1,10\n", "bytes_up holds something other"),
+    ("metrics.csv", "round,accuracy_mean,bytes_up,bytes_down\n1,0.5,7,lots\n", "bytes_down holds something other"),
+    ("summary.json", '{"scenario": "iid", "method": "fedavg", "seed": 1}', "lacks 'per_client_accuracy'"),
+    ("summary.json", '{"scenario": "iid", "method": "fedavg", "seed": 1, "per_client_accuracy": [0.5, 3]}',
+     "per_client_accuracy.1: input should be less than or equal to 1"),
+    ("diagnostics/similarity_u/round_0003.npy", b"not an npy file", r"cannot read .*round_0003.npy"),
+]
+
+
+@pytest.mark.parametrize("name, content, pattern", BAD)
+def test_bad_input_is_one_usage_error_line_and_writes_nothing(tmp_path, name, content, pattern):
+    _plain(tmp_path / "runs")
+    bad = _run(tmp_path / "runs", "iid", "factorized_fl_alpha", 1, diagnostics=("similarity_u",)) / name
+    write_content(bad, content)
+    with pytest.raises(UsageError, match=pattern) as err:
+        study_figures([tmp_path / "runs"], tmp_path / "figs", title="t")
+    assert str(bad) in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "figs").exists()
+
+
+def test_a_run_label_twice_or_an_out_file_is_refused(tmp_path):
+    _run(tmp_path / "a", "iid", "fedavg", 0)
+    _run(tmp_path / "b", "iid", "fedavg", 0)
+    with pytest.raises(UsageError, match="are both scenario iid, method fedavg, seed 0; pass the runs of one study"):
+        study_figures([tmp_path / "a", tmp_path / "b"], tmp_path / "figs", title="t")
+    # the same run reached twice counts once
+    _check_files(study_figures([tmp_path / "a", tmp_path / "a/iid"], tmp_path / "figs", title="t"), ALWAYS)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UsageError, match="is a file; give a folder"):
+        study_figures([tmp_path / "a"], tmp_path / "file", title="t")

@@ -1,0 +1,67 @@
+"""GPU slots for workflow jobs: two jobs never get the same GPU; a scheduler's choice is kept."""
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from fedfactor import devices
+from fedfactor.errors import UsageError
+
+
+@pytest.fixture
+def two_gpus(monkeypatch, tmp_path):
+    monkeypatch.setattr(devices, "count_gpus", lambda: 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    yield tmp_path / "locks"
+    devices.release_gpus()
+
+
+def test_two_claims_get_different_gpus_and_a_third_waits_for_one_to_free(two_gpus, monkeypatch):
+    assert devices.claim_gpus(1, two_gpus) == [0]
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+    # a second job (its own lock file handles) finds GPU 0 taken
+    held, devices._HELD[:] = list(devices._HELD), []
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert devices.claim_gpus(1, two_gpus) == [1]
+    first, devices._HELD[:] = held, list(devices._HELD)
+    # a third waits until one is let go
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(devices.claim_gpus(1, two_gpus, poll_seconds=0.05)))
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive() and got == []
+    first.pop().close()  # the job holding GPU 0 ends
+    waiter.join(5)
+    assert got == [[0]]
+
+
+def test_a_killed_job_leaves_no_gpu_claimed(two_gpus):
+    code = ("import sys; from fedfactor import devices; devices.count_gpus = lambda: 2; "
+            f"print(devices.claim_gpus(2, {str(two_gpus)!r})); sys.stdout.flush(); import os; os._exit(9)")
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 9 and r.stdout.strip() == "[0, 1]", r.stderr
+    assert devices.claim_gpus(2, two_gpus, poll_seconds=0.05) == [0, 1]
+
+
+def test_a_scheduler_choice_is_kept(two_gpus, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert devices.claim_gpus(1, two_gpus) is None
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3" and not two_gpus.exists()
+
+
+def test_no_gpus_or_none_asked_for_changes_nothing(monkeypatch, tmp_path):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(devices, "count_gpus", lambda: 0)
+    assert devices.claim_gpus(1, tmp_path) is None
+    assert devices.claim_gpus(0, tmp_path) is None
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
+def test_more_gpus_than_the_machine_has_is_an_error(two_gpus):
+    with pytest.raises(UsageError, match="3 GPUs asked for per job, but this machine has 2"):
+        devices.claim_gpus(3, two_gpus)

@@ -1,0 +1,188 @@
+"""SLURM end to end: a one-node cluster on this machine (workflow/scripts/slurm_local.sh), a tiny
+study run through profiles/slurm, and what each training job asked sbatch for, checked against the
+profile with `scontrol show job`.
+
+Without SLURM (not root, not installed) the end-to-end test is skipped with the command that sets
+it up; in CI (CI set) it fails instead, and the fixture installs the packages itself.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "workflow" / "scripts" / "slurm_local.sh"
+PROFILE = REPO / "profiles" / "slurm"
+SETUP = "workflow/scripts/slurm_local.sh start --install"
+PARTITION = "local"  # the local cluster's partition; the profile's is a placeholder
+TRAIN_RUNS = 2  # the tiny study's training jobs, all submitted at once
+
+
+def _profile() -> dict:
+    return yaml.safe_load((PROFILE / "config.yaml").read_text())
+
+
+def _script(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+
+
+def _minutes(limit: str) -> int:
+    """scontrol's TimeLimit ([D-]HH:MM:SS) in minutes."""
+    days, _, hms = limit.rpartition("-")
+    h, m, s = map(int, hms.split(":"))
+    return int(days or 0) * 1440 + h * 60 + m + (s > 0)
+
+
+def _mb(size: str) -> int:
+    """scontrol's memory (16000M, 16G) in MB."""
+    return int(float(size[:-1]) * {"M": 1, "G": 1024, "T": 1024**2}[size[-1]])
+
+
+def _job(job_id: str) -> dict:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=True)
+    return dict(f.split("=", 1) for f in out.stdout.split() if "=" in f)
+
+
+# ------------------------------------------------------------------ no cluster needed
+
+def test_profile_is_a_slurm_workflow_profile():
+    p = _profile()
+    assert p["executor"] == "slurm"
+    # --workflow-profile replaces profiles/default, so what it holds must be repeated here
+    default = yaml.safe_load((REPO / "profiles" / "default" / "config.yaml").read_text())
+    assert {k: p.get(k) for k in default} == default
+    train = p["set-resources"]["train"]
+    assert train["gpu"] == 1 and "gres" not in train and "gpu_model" not in train  # GPUs asked once
+    assert train["cpus_per_task"] == p["set-threads"]["train"]
+    for key in ("slurm_partition", "runtime", "mem_mb"):
+        assert key in p["default-resources"]
+
+
+def test_script_checks_its_arguments():
+    assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+    assert "start" in _script("--help").stdout
+    for args in ([], ["start", "stop"], ["start", "--gpus", "x"], ["start", "--bogus"], ["start", "--cpus"]):
+        r = _script(*args)
+        assert r.returncode == 1 and r.stderr.startswith("slurm_local.sh: error: "), (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_status_of_a_cluster_that_was_never_started(tmp_path):
+    r = _script("status", "--dir", str(tmp_path / "none"))
+    assert r.returncode == 3 and "not running" in r.stdout
+
+
+# ------------------------------------------------------------------ the real thing
+
+def _unavailable(reason: str):
+    if os.environ.get("CI"):
+        pytest.fail(f"SLURM is required in CI but could not be started: {reason}", pytrace=False)
+    pytest.skip(f"no local SLURM ({reason}); to run this test, as root: {SETUP}")
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """A running one-node cluster big enough for the profile's training jobs, TRAIN_RUNS at once.
+
+    Started here and stopped at the end, unless it was already running (then left running)."""
+    if os.geteuid() != 0:
+        _unavailable("the script must run as root")
+    try:
+        import snakemake_executor_plugin_slurm  # noqa: F401
+    except ImportError:
+        _unavailable("pip install snakemake-executor-plugin-slurm")
+    installed = shutil.which("sbatch") and Path("/usr/sbin/slurmctld").exists()
+    if not installed and not (os.environ.get("CI") and shutil.which("apt-get")):
+        _unavailable("SLURM is not installed")
+    p = _profile()
+    train = {**p["default-resources"], **p["set-resources"]["train"]}
+    cpus = max(os.cpu_count() or 1, TRAIN_RUNS * train["cpus_per_task"] + 1)
+    mem_mb = TRAIN_RUNS * train["mem_mb"] + p["default-resources"]["mem_mb"]
+    was_running = _script("status").returncode == 0
+    args = ["start", "--partition", PARTITION, "--cpus", str(cpus), "--mem-mb", str(mem_mb),
+            "--gpus", str(TRAIN_RUNS * train["gpu"])]
+    r = _script(*args, *(["--install"] if os.environ.get("CI") else []))
+    if r.returncode != 0:
+        _unavailable((r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1])
+    node = subprocess.run(["scontrol", "show", "node", "-o"], capture_output=True, text=True).stdout
+    yield {"gpus": bool(re.search(r"\bGres=gpu:[1-9]", node))}
+    if not was_running:
+        _script("stop")
+
+
+def test_a_tiny_study_runs_through_slurm_as_the_profile_says(slurm, tmp_path):
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({
+        "study": "slurm_smoke", "run_config": "config/runs/digits.yaml",
+        "results": str(tmp_path / "results"), "data_root": str(tmp_path / "data"), "seeds": [0],
+        # as small as a run gets: each SLURM job also starts Snakemake twice (batch script, job step)
+        "scenarios": {"iid": {"partition": {"kind": "iid"}, "model": {"name": "mlp"},
+                              "fl": {"rounds": 1, "clients": 2, "epochs": 1}}},
+        "methods": {"fedavg": {"name": "fedavg"}, "local": {"name": "local"}},
+    }))
+    out = tmp_path / "results" / "slurm_smoke"
+    summaries = [out / "runs" / "iid" / m / "seed0" / "summary.json" for m in ("fedavg", "local")]
+    p = _profile()
+    # the partition is the only default to change here; --default-resources replaces the whole list
+    defaults = {**p["default-resources"], "slurm_partition": PARTITION}
+    cmd = [
+        sys.executable, "-m", "snakemake", "--workflow-profile", str(PROFILE.relative_to(REPO)),
+        # --local-cores, not --cores: --cores also caps the threads of every SLURM job (4 -> 2 here)
+        "--configfile", str(study), "--local-cores", "2",
+        "--default-resources", *(f"{k}={v}" for k, v in defaults.items()),
+        # no slurmdbd here (sacct fails), and quick polling for a toy study (SLURM.md)
+        "--slurm-status-command", "squeue",
+        "--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2",
+        "--slurm-logdir", str(tmp_path / "slurm_logs"),
+        "--slurm-keep-successful-logs",  # a flag: options taking lists must not precede the target
+        # the runs and their table (the rule, wherever it writes), not `all`: figures and
+        # diagnostics add minutes, not SLURM coverage
+        "table",
+    ]
+    if not slurm["gpus"]:  # no fake GPUs here (mknod refused): the train jobs ask for none
+        train = {**p["set-resources"]["train"], "gpu": 0}  # the option replaces the whole list
+        cmd[-2:-2] = ["--set-resources", *(f"train:{k}={v}" for k, v in train.items())]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    log = r.stdout + r.stderr
+    if r.returncode != 0:
+        slurm_logs = "".join(f"\n--- {f}\n{f.read_text()[-2000:]}" for f in (tmp_path / "slurm_logs").rglob("*.log"))
+        pytest.fail(f"snakemake failed ({r.returncode}):\n{log[-6000:]}{slurm_logs}", pytrace=False)
+    assert "Using workflow specific profile profiles/slurm" in log  # not profiles/default
+
+    job_ids = re.findall(r"has been submitted with SLURM jobid (\d+)", log)
+    jobs = {i: _job(i) for i in job_ids}
+    train_jobs = [j for j in jobs.values() if j["Comment"].startswith("rule_train_")]
+    assert len(train_jobs) == TRAIN_RUNS, log
+    want = {**p["default-resources"], **p["set-resources"]["train"]}
+    # the rule's threads (OMP_NUM_THREADS) follow set-threads, as many as the CPUs SLURM gives
+    threads = re.findall(r"^rule train:\n(?:    .*\n)*?    threads: (\d+)$", log, re.M)
+    assert threads == [str(p["set-threads"]["train"])] * TRAIN_RUNS, log
+    for j in train_jobs:
+        assert j["JobState"] == "COMPLETED" and j["ExitCode"] == "0:0", j
+        assert j["Partition"] == PARTITION
+        assert int(j["NumCPUs"]) == int(j["CPUs/Task"]) == want["cpus_per_task"]
+        assert _mb(j["MinMemoryNode"]) == want["mem_mb"]
+        assert _minutes(j["TimeLimit"]) == want["runtime"]
+        if slurm["gpus"]:
+            assert re.search(r"gpu:1$", j["TresPerJob"]), j["TresPerJob"]
+    # every other rule sent to SLURM gets the defaults (the small rules should be localrules); with
+    # no cpus_per_task default, the plugin asks for the rule's threads: 1 for those here
+    for j in jobs.values():
+        if j not in train_jobs:
+            assert j["Partition"] == PARTITION and j["JobState"] == "COMPLETED", j
+            assert int(j["NumCPUs"]) == defaults.get("cpus_per_task", 1)
+            assert _mb(j["MinMemoryNode"]) == defaults["mem_mb"]
+            assert _minutes(j["TimeLimit"]) == defaults["runtime"]
+
+    for s in summaries:
+        assert json.loads(s.read_text())["scenario"] == "iid"
+    tables = list(out.rglob("table.md"))
+    assert len(tables) == 1 and "fedavg" in tables[0].read_text(), tables

@@ -1,0 +1,170 @@
+"""Every study file dry-runs in full, and runs end to end scaled down on synthetic data.
+
+The paper studies need CIFAR, SVHN, MNIST and Tiny-ImageNet, which these machines cannot download:
+each runs here as a smoke study (config/scale/smoke.yaml: `smoke: true` swaps every dataset for
+synthetic data of its shape and classes), one seed, two rounds, its first scenario and a few of its
+methods (one implemented method and, where it lists one, a method not implemented yet, which must be
+skipped with a note), with fewer clients and samples where the paper's setting would take minutes.
+Every rule of the DAG runs: data, partition, train, diagnostics, tables, paper tables, claims,
+figures. The outputs must say they are a smoke run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from fedfactor.methods import METHODS
+
+REPO = Path(__file__).resolve().parents[1]
+STUDIES = sorted((REPO / "config" / "studies").glob("*.yaml"))
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
+SMOKE_TITLE = "SMOKE RUN on synthetic data — not results"
+# Run config -> what keeps one of its jobs to seconds on a CPU (the study's own scenario settings
+# stay: class-group presets need their number of clients, FedDecomp's E_lora sweep its epochs).
+SCALE = {
+    "factorized_fl.yaml": {"fl": {"epochs": 1}},
+    "simfed.yaml": {"fl": {"epochs": 1}},
+    # 300 images for 100 clients would leave some without test images; no internet for ImageNet weights
+    "fedfac.yaml": {"fl": {"epochs": 1, "clients": 4}, "model": {"pretrained": False}},
+    "feddecomp.yaml": {"fl": {"clients": 4}, "partition": {"samples_per_client": {"train": 10, "val": 4, "test": 4}}},
+    "feddecomp_digits.yaml": {"fl": {"clients": 4}},
+}
+
+
+def _snakemake(*args, timeout=900):
+    return subprocess.run([*SNAKEMAKE, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def _jobs(stdout: str) -> dict[str, int]:
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stdout, re.M)}
+
+
+def _dry_run(configfiles: list[Path], config: dict) -> str:
+    """Snakemake's dry run in this process (a subprocess would spend seconds importing torch each time);
+    returns what it printed."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
+
+    out, cwd = io.StringIO(), os.getcwd()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), SnakemakeApi(OutputSettings()) as api:
+            workflow = api.workflow(resource_settings=ResourceSettings(cores=1), snakefile=REPO / "Snakefile",
+                                    config_settings=ConfigSettings(configfiles=configfiles, config=config), workdir=REPO)
+            workflow.dag(DAGSettings()).execute_workflow(executor="dryrun")
+    finally:
+        os.chdir(cwd)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.stem)
+def test_every_study_dry_runs_in_full(path, tmp_path):
+    study = yaml.safe_load(path.read_text())
+    jobs = _jobs(_dry_run([path], {"results": str(tmp_path)}))
+    if "simulation" in study:
+        assert jobs == {"simulate": 1, "all": 1, "total": 2}
+        return
+    implemented = [m for m, e in study["methods"].items() if e["name"] in METHODS]
+    assert jobs["train"] == len(study["scenarios"]) * len(implemented) * len(study["seeds"])
+    assert jobs["partition"] == len(study["scenarios"]) * len(study["seeds"])
+    for rule in ("table", "figures", "diagnose", "study_spec", "mlflow_init"):
+        assert jobs[rule] == 1, rule
+    assert jobs.get("paper_tables") == (1 if study.get("paper") else None)
+    assert jobs.get("claims") == (1 if study.get("claims") else None)
+
+
+# FedFac's simulation study is synthetic by nature: it runs as it is, smaller
+SIMULATION = {"seeds": [0], "data": {"clients": 10, "train_samples": 20, "test_samples": 20},
+              "train": {"rounds": 2}, "grid": {"p": [0.5], "alpha": [0.4]}}
+
+
+def _smoke_file(path: Path, root: Path) -> tuple[Path, dict]:
+    study = yaml.safe_load(path.read_text())
+    if "simulation" in study:
+        extra = {"results": str(root / "results"), "overrides": SIMULATION}
+        out = root / f"{path.stem}.yaml"
+        out.write_text(json.dumps(extra))
+        return out, {**study, **extra}
+    done = [m for m, e in study["methods"].items() if e["name"] in METHODS]
+    missing = [m for m, e in study["methods"].items() if e["name"] not in METHODS]
+    select = {"scenarios": [next(iter(study["scenarios"]))], "methods": done[:1] + missing[:1]}
+    scale = yaml.safe_load((REPO / "config" / "scale" / "smoke.yaml").read_text())
+    overrides = {**scale["overrides"]}
+    for section, values in SCALE[Path(study["run_config"]).name].items():
+        overrides[section] = {**overrides.get(section, {}), **values}
+    extra = {"results": str(root / "results"), "data_root": str(root / "data"), "select": select,
+             "overrides": overrides}
+    out = root / f"{path.stem}.yaml"
+    out.write_text(json.dumps(extra))
+    return out, {**study, **extra, "done": done[:1], "missing": missing}
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory):
+    """Every study's smoke run, two Snakemake processes at a time (most of a small study's time is
+    a chain of short jobs, which leaves cores idle), into one results folder as for a user's studies:
+    one MLflow store, created first (a fresh SQLite store opened by several processes at once can
+    fail its schema migration), and each synthetic dataset prepared where it is first needed."""
+    root = tmp_path_factory.mktemp("smoke")
+    subprocess.run([sys.executable, "-m", "fedfactor", "mlflow-init", "--uri", f"sqlite:///{root}/results/mlflow.db",
+                    "--experiment", "fedfactor-smoke-store", "--out", str(root / "store.id")], check=True,
+                   capture_output=True, timeout=300)
+    scale = REPO / "config" / "scale" / "smoke.yaml"
+
+    def run(path):
+        extra, study = _smoke_file(path, root)
+        files = [path, extra] if "simulation" in study else [path, scale, extra]
+        # --nolock: the studies share results/data and the store; each writes its files atomically
+        r = _snakemake("--cores", "2", "--nolock", "--configfile", *map(str, files), timeout=1800)
+        return path.stem, (r, study, root)
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(pool.map(run, STUDIES))
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.stem)
+def test_every_study_runs_end_to_end_as_a_smoke_run(path, smoke_runs):
+    r, study, root = smoke_runs[path.stem]
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    out = root / "results" / study["study"]
+    if "simulation" in study:
+        assert {"true", "dynamic", "random"} <= set(pd.read_csv(out / "simulation.csv")["decomposition"])
+        assert all((out / f"figure{n}.{ext}").exists() for n in (6, 7) for ext in ("png", "pdf"))
+        return
+    spec = json.loads((out / "study.json").read_text())
+    listed = {m: e["name"] in METHODS for m, e in yaml.safe_load(path.read_text())["methods"].items()}
+    assert spec["smoke"] and {m: e["implemented"] for m, e in spec["methods"].items()} == listed
+    scenario = study["select"]["scenarios"][0]
+    for method in study["done"]:
+        summary = json.loads((out / "runs" / scenario / method / "seed0" / "summary.json").read_text())
+        assert summary["dataset"].startswith("synthetic:") and summary["rounds"] == 2
+        assert summary["method"] == method and summary["method_name"] == study["methods"][method]["name"]
+    table = (out / "tables" / "table.md").read_text()
+    assert table.startswith(f"# {SMOKE_TITLE}")
+    for method in study["missing"]:
+        assert f"{method} (" in table and "Not implemented yet" in table
+    assert pd.read_csv(out / "tables" / "table.csv")["smoke_run_synthetic_data"].all()
+    if study.get("paper"):
+        assert SMOKE_TITLE in (out / "tables" / "paper.md").read_text()
+        assert (out / "tables" / "paper.tex").exists() and (out / "tables" / "paper.html").exists()
+    if study.get("claims"):
+        claims = pd.read_csv(out / "claims" / "claims.csv")
+        assert len(claims) == len(study["claims"])
+        assert SMOKE_TITLE in (out / "claims" / "claims.md").read_text()
+    pngs = sorted(p.stem for p in (out / "figures").glob("*.png"))
+    assert {"accuracy_rounds", "accuracy_bytes", "per_client"} <= set(pngs)
+    assert all((out / "figures" / f"{p}.pdf").exists() for p in pngs)
+    assert (out / "diagnostics" / "diagnostics.md").exists()
+    for log in ("table", "figures", "diagnose", "study_spec"):
+        assert (out / "logs" / f"{log}.log").exists() and (out / "benchmarks" / f"{log}.tsv").exists()

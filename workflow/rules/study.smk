@@ -1,0 +1,61 @@
+# A study's scenarios, methods and seeds, what its jobs are told, and what `all` builds. Not included
+# for a simulation study (`simulation:` in its config).
+STUDY_DIR = f"{RESULTS}/{config['study']}"
+RUN_CONFIG = config["run_config"]
+# One SQLite store per results folder unless the study names another (an `mlflow server` on a cluster).
+MLFLOW_URI = config["mlflow"].get("uri") or f"sqlite:///{RESULTS}/mlflow.db"
+MLFLOW_EXPERIMENT = config["mlflow"].get("experiment", f"fedfactor-{config['study']}")
+SEEDS = [int(s) for s in config["seeds"]]
+try:
+    SCENARIOS = selected(config, "scenarios")
+    # Methods a study lists before they are implemented (a paper's baselines) are skipped, and the
+    # tables, claims and report name them; they never fail the DAG.
+    IMPLEMENTED = implemented(config, selected(config, "methods"))
+    METHODS = [m for m, ok in IMPLEMENTED.items() if ok]
+    NOT_IMPLEMENTED = [m for m, ok in IMPLEMENTED.items() if not ok]
+    OVERRIDES = {s: scenario_overrides(config, s) for s in SCENARIOS}
+    # Validates every scenario's run config while the DAG is built, and names the files of each dataset.
+    DATASETS = {s: dataset_name(RUN_CONFIG, OVERRIDES[s]) for s in SCENARIOS}
+    # The report steps see every scenario and method the study lists: those `select` left out show
+    # as "not run" in the paper tables and claims.
+    SPEC = study_spec(config, list(config["scenarios"]), implemented(config, list(config["methods"])))
+    # a bad paper mapping (down to its CSV rows) or claim fails now, not after training
+    check_spec(SPEC)
+    check_study_sections(config)
+except UsageError as e:
+    raise WorkflowError(f"{', '.join(map(str, workflow.configfiles)) or 'config/config.yaml'}: {e}") from None
+if not METHODS:
+    raise WorkflowError(f"study {config['study']!r}: none of its methods is implemented yet "
+                        f"({', '.join(IMPLEMENTED)})")
+DATASET_NAMES = {slug(name): name for name in DATASETS.values()}
+SMOKE = bool(config["smoke"]) or any(n.startswith("synthetic:") for n in DATASETS.values())
+TITLE = (SMOKE_TITLE if SMOKE else "") + SPEC["title"]
+
+
+def _quoted(sets):
+    return " ".join(f"--set {shlex.quote(s)}" for s in sets)
+
+
+def scenario_sets(wildcards):
+    return _quoted(run_sets(OVERRIDES[wildcards.scenario], scenario=wildcards.scenario, data={"root": config["data_root"]}))
+
+
+def train_sets(wildcards):
+    method = run_sets({"method": config["methods"][wildcards.method], "label": wildcards.method})
+    return f"{scenario_sets(wildcards)} {_quoted(method)}"
+
+
+def runs(name):
+    """One file of every training run of the study."""
+    return expand(f"{STUDY_DIR}/runs/{{scenario}}/{{method}}/seed{{seed}}/{name}", scenario=SCENARIOS, method=METHODS, seed=SEEDS)
+
+
+def study_targets():
+    """What `all` builds: tables, the paper's tables and claims where the study has them, figures and
+    diagnostics (called from the Snakefile once every rule is defined)."""
+    targets = rules.table.output + rules.figures.output + rules.diagnose.output
+    if config.get("paper"):
+        targets += rules.paper_tables.output
+    if config.get("claims"):
+        targets += rules.claims.output
+    return targets
