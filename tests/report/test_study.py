@@ -188,6 +188,9 @@ def _registered_names(config):
 @pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.stem)
 def test_every_study_maps_onto_its_paper_csvs_and_lists_what_its_claims_name(path):
     config = yaml.safe_load(path.read_text())
+    if "simulation" in config:  # FedFac's simulation: its own table and figures, no runs to claim on
+        assert check_study_sections(config, NUMBERS) == (None, [])
+        return
     # the schema, every scenario and method label named in `paper` and `claims` listed by the study, and
     # every mapped (dataset, setting, method) found exactly once in the named CSV
     paper, claims = check_study_sections(config, NUMBERS)
