@@ -213,8 +213,8 @@ def run_identity(cfg, run_dir: Path) -> tuple[dict[str, Any], dict[str, str], st
     """(params, tags, run_name) of the MLflow run mirroring `run_dir`, trained with config `cfg`
     (a fedfactor.config.Config). The training job and `mlflow-import` both use this."""
     name = cfg.label or cfg.method["name"]
-    tags = {"method": name, "method_name": cfg.method["name"], "dataset": cfg.data.name, "scenario": cfg.scenario, "seed": str(cfg.seed),
-            "out": str(Path(run_dir).resolve())}
+    tags = {"method": name, "method_name": cfg.method["name"], "dataset": cfg.data.name, "scenario": cfg.scenario,
+            "seed": str(cfg.seed), "out": str(Path(run_dir).resolve())}
     # Params describe the result; where it is mirrored and checkpointed is not part of it.
     from .config import flatten
 
