@@ -10,7 +10,8 @@ try:
     SCENARIOS = selected(config, "scenarios")
     # Methods a study lists before they are implemented (a paper's baselines) are skipped, and the
     # tables, claims and report name them; they never fail the DAG.
-    IMPLEMENTED = implemented(config, selected(config, "methods"))
+    LISTED = implemented(config, list(config["methods"]))
+    IMPLEMENTED = {m: LISTED[m] for m in selected(config, "methods")}
     METHODS = [m for m, ok in IMPLEMENTED.items() if ok]
     NOT_IMPLEMENTED = [m for m, ok in IMPLEMENTED.items() if not ok]
     OVERRIDES = {s: scenario_overrides(config, s) for s in SCENARIOS}
@@ -18,7 +19,7 @@ try:
     DATASETS = {s: dataset_name(RUN_CONFIG, OVERRIDES[s]) for s in SCENARIOS}
     # The report steps see every scenario and method the study lists: those `select` left out show
     # as "not run" in the paper tables and claims.
-    SPEC = study_spec(config, list(config["scenarios"]), implemented(config, list(config["methods"])))
+    SPEC = study_spec(config, list(config["scenarios"]), LISTED)
     # a bad paper mapping (down to its CSV rows) or claim fails now, not after training
     check_spec(SPEC)
     check_study_sections(config)
