@@ -17,6 +17,7 @@ import torch
 
 from fedfactor.config import load_config
 from fedfactor.errors import Interrupted, RunFailed, UsageError
+from fedfactor.fl.batched import BatchedTrainer
 from fedfactor.fl.simulator import Simulator
 from fedfactor.fl.train import Trainer
 from fedfactor.job import CHECKPOINT, check_output_folder, train
@@ -66,6 +67,38 @@ def _result(out):
     metrics = pd.read_csv(out / "metrics.csv")
     metrics = metrics.drop(columns=[c for c in metrics if c.endswith("seconds")])  # timings (fedfac.fa_seconds too)
     return {k: v for k, v in summary.items() if k not in TIMING}, metrics
+
+
+@pytest.mark.parametrize("method", METHODS.names())
+def test_no_method_changes_the_clients_shared_initial_tensors(method):
+    # Every client starts from the same initial tensors, shared rather than copied (Method.init_client):
+    # a hook that changed a state's tensors in place would change every other client's start.
+    sim = Simulator(_cfg(method))
+    before = {k: v.clone() for k, v in sim.init.items()}
+    sim.run_round(1)
+    sim.evaluate()
+    for key, value in before.items():
+        assert torch.equal(sim.init[key], value), key
+
+
+def test_a_batched_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
+    cfg = _cfg("fedavg", "model.name=mlp", "fl.batch_clients=true", "fl.epochs=2")
+    target = (BatchedTrainer, "fit_many")
+    calls = _fit_calls(monkeypatch, lambda n: None, target)
+    train(cfg, tmp_path / "whole")
+    assert calls["n"] == ROUNDS  # one batched call a round: every client trained in it
+
+    def strike(n):
+        if n == 3:
+            raise Killed
+
+    _fit_calls(monkeypatch, strike, target)
+    with pytest.raises(Killed):
+        train(cfg, tmp_path / "killed")
+    _fit_calls(monkeypatch, lambda n: None, target)
+    train(cfg, tmp_path / "killed")
+    assert _result(tmp_path / "killed")[0] == _result(tmp_path / "whole")[0]
+    pd.testing.assert_frame_equal(_result(tmp_path / "killed")[1], _result(tmp_path / "whole")[1])
 
 
 @pytest.mark.parametrize("kill", ["sigkill", "sigterm"])

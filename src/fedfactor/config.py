@@ -120,6 +120,17 @@ class FLConfig(Section):
     # round (its state stays as it was, nothing is uploaded) and records it in metrics.csv.
     on_divergence: Literal["stop", "skip"] = "stop"
     max_loss: Float = Field(1e4, gt=0)
+    # Train the round's clients as one batched computation (torch.func.vmap over their stacked
+    # parameters) where the method trains through plans (no own loop) and their plans are equal.
+    # "auto": on CUDA; on CPU only for models of Linear layers alone (there vmap's batched matmuls
+    # win, its grouped convolutions lose: BENCHMARKS.md). Results equal one-by-one within float
+    # rounding; dropout draws differ.
+    # true/false force it (YAML reads on/off as true/false too).
+    batch_clients: Literal["auto"] | bool = "auto"
+    # bf16: forward and loss of local training under torch.autocast(bfloat16); scoring stays float32.
+    precision: Literal["float32", "bf16"] = "float32"
+    # Convolution weights and inputs in channels_last memory format (faster convolutions on GPUs).
+    channels_last: bool = False
 
 
 class CheckpointConfig(Section):

@@ -254,6 +254,8 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
         "analysed_clients": analysed_clients,
         "mlflow_run_id": tracker.run_id,
         "device": str(sim.device),
+        # whether local training ran clients batched (fl.batch_clients): equal within float rounding
+        "batched_clients": sim.batched is not None,
         "versions": {"fedfactor": __version__, "torch": torch.__version__, "python": platform.python_version()},
         "config": cfg.to_dict(),
     }

@@ -13,7 +13,7 @@ from torch import nn
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
 from fedfactor.models import build_model, femnist_cnn_min_input, weight_layers
-from fedfactor.models.vision import IMAGENET_WEIGHTS, cached_weights_path
+from fedfactor.models.vision import cached_weights_path, imagenet_weights
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +132,7 @@ def _saved_resnet18(path, keep_num_batches_tracked=True):
 @pytest.mark.parametrize("num_classes, keep_num_batches_tracked", [(10, True), (1000, True), (10, False)])
 def test_pretrained_resnet18_loads_all_but_the_head(torch_home, monkeypatch, num_classes, keep_num_batches_tracked):
     monkeypatch.setattr(torch.hub, "download_url_to_file", _no_download)
-    weights, _ = IMAGENET_WEIGHTS["resnet18"]
+    weights, _ = imagenet_weights("resnet18")
     path = torch_home / "hub" / "checkpoints" / weights.url.rsplit("/", 1)[1]
     assert cached_weights_path("resnet18") == str(path)
     saved = _saved_resnet18(path, keep_num_batches_tracked)

@@ -27,7 +27,9 @@ from ..data.partition import SPLITS, task_label_maps
 from ..devices import resolve_device
 from ..errors import Interrupted, RunFailed, UsageError
 from ..methods import METHODS, Context
+from ..methods.base import Method
 from ..models import build_model
+from .batched import BatchedTrainer, batchable
 from .comm import CommMeter
 from .state import State, clone
 from .train import Batch, Diverged, Optim, Phase, Split, Trainer, derive_seed
@@ -184,8 +186,14 @@ class Simulator:
         init = clone(self.model.state_dict())
         fl = cfg.fl
         optim = Optim(fl.optimizer, fl.lr, fl.momentum, fl.weight_decay)
-        self.trainer = Trainer(self.model, self.x, fl.batch_size, self.augment, optim, fl.max_loss)
+        self.trainer = Trainer(self.model, self.x, fl.batch_size, self.augment, optim, fl.max_loss, fl.precision,
+                               fl.channels_last)
         self.trainer.check_interrupt = self._check_interrupt
+        # Methods with their own training loop (local_train overridden) train one client at a time.
+        own_loop = type(self.method).local_train is not Method.local_train
+        self.batched = (BatchedTrainer(self.trainer)
+                        if not dry_run and not own_loop and batchable(self.model, self.device, fl.batch_clients)
+                        else None)
         head = getattr(self.model, "head_name", "head") + "."
         params = [k for k, _ in self.model.named_parameters()]
         buffers = [k for k, b in self.model.named_buffers() if b.is_floating_point()]
@@ -327,6 +335,70 @@ class Simulator:
         if self.stop_signal is not None:
             raise Interrupted(self.stop_signal)
 
+    def _local_training(self, sampled: list[int]) -> Iterator[tuple[int, State, tuple[State, float] | Diverged | None]]:
+        """Each sampled client's download, receive and local training, as (k, received state,
+        (trained state, loss) | Diverged | None on a dry run), in client order.
+
+        One by one, a client is downloaded to and trained before the next (one payload in memory at
+        a time); batched, every client receives first and clients with equal plans train together.
+        """
+        received = {}
+        for k in sampled:
+            self._check_interrupt()
+            payload = self.meter.download(self.method.download(self.server, k))
+            state = self.method.receive(k, self.states[k], payload)
+            if self.dry_run:
+                yield k, state, None
+            elif self.batched is None:
+                yield k, state, self._train(k, state, payload)
+            else:
+                received[k] = (state, payload)
+        if not received:
+            return
+        results = self._train_batched(received)
+        for k, (state, _) in received.items():
+            yield k, state, results[k]
+
+    def _train(self, k: int, state: State, payload: State) -> tuple[State, float] | Diverged:
+        self._training = True
+        try:
+            return self.method.local_train(k, state, payload)
+        except Diverged as e:
+            return e
+        finally:
+            self._training = False
+
+    def _train_batched(self, received: dict[int, tuple[State, State]]) -> dict[int, tuple[State, float] | Diverged]:
+        """Clients whose plans are equal train as one batch; a client with a plan of its own alone."""
+        groups: list[tuple[list[Phase], list[int]]] = []
+        plans = {}
+        for k, (state, payload) in received.items():
+            plan = plans[k] = self.method.plan(k, state, payload)
+            for phases, members in groups:
+                if phases == plan:
+                    members.append(k)
+                    break
+            else:
+                groups.append((plan, [k]))
+        results = {}
+        for phases, members in groups:
+            if len(members) == 1 or not self._batch_pays(members):
+                for k in members:
+                    results[k] = self._train(k, *received[k])
+                continue
+            jobs = [(received[k][0], self.clients[k]["train"], self._generator(k), plans[k]) for k in members]
+            results.update(zip(members, self.batched.fit_many(jobs)))
+        return results
+
+    def _batch_pays(self, members: list[int]) -> bool:
+        """Under `auto` on a CPU, a batch of clients whose sizes differ by more than a quarter trains
+        one by one: the tail of steps that only the largest clients take costs more batched
+        (BENCHMARKS.md, unequal sizes); on a GPU, or when batching is forced, it always batches."""
+        if self.cfg.fl.batch_clients is True or self.device.type == "cuda":
+            return True
+        sizes = [len(self.clients[k]["train"]) for k in members]
+        return max(sizes) <= 1.25 * min(sizes)
+
     def run_round(self, rnd: int) -> tuple[float, list[int]]:
         """One round: sampled clients download, train and upload; the server aggregates.
 
@@ -340,23 +412,15 @@ class Simulator:
         uploads: dict[int, State] = {}
         losses, skipped = [], []
         try:
-            for k in self.sample(rnd):
-                self._check_interrupt()
-                payload = self.meter.download(self.method.download(self.server, k))
-                state = self.method.receive(k, self.states[k], payload)
-                if not self.dry_run:
-                    try:
-                        self._training = True
-                        try:
-                            state, loss = self.method.local_train(k, state, payload)
-                        finally:
-                            self._training = False
-                    except Diverged as e:
-                        if self.cfg.fl.on_divergence == "stop":
-                            raise RunFailed(f"round {rnd}, client {k}: {e}; lower fl.lr, or set "
-                                            "fl.on_divergence=skip to drop such updates and go on") from None
-                        skipped.append(k)
-                        continue
+            for k, state, result in self._local_training(self.sample(rnd)):
+                if isinstance(result, Diverged):
+                    if self.cfg.fl.on_divergence == "stop":
+                        raise RunFailed(f"round {rnd}, client {k}: {result}; lower fl.lr, or set "
+                                        "fl.on_divergence=skip to drop such updates and go on") from None
+                    skipped.append(k)
+                    continue
+                if result is not None:
+                    state, loss = result
                     losses.append(loss)
                 trained[k] = state
                 uploads[k] = self.meter.upload(self.method.upload(k, state))

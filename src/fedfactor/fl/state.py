@@ -22,23 +22,27 @@ def select(state: Mapping[str, torch.Tensor], keys: Iterable[str]) -> State:
 
 
 def weighted_average(states: list[Mapping[str, torch.Tensor]], weights: Iterable[float]) -> State:
-    """sum_i w_i * state_i / sum_i w_i, key by key, over stacked tensors.
+    """sum_i w_i * state_i / sum_i w_i, key by key.
 
     Accumulates in float64 so the mean of identical tensors is that tensor exactly and the result
-    does not depend on the order of the clients beyond float64 rounding.
+    does not depend on the order of the clients beyond float64 rounding. The float64 sum is built
+    in place (add_ promotes each float32 client tensor as it goes) rather than by stacking: with
+    many clients a stacked float64 copy of every state was the round's largest cost in time and
+    memory (BENCHMARKS.md).
     """
     w = torch.tensor(list(weights), dtype=torch.float64)
     if len(states) == 0 or len(w) != len(states):
         raise ValueError("weighted_average needs one weight per state and at least one state")
     if (w < 0).any() or w.sum() <= 0:
         raise ValueError("weights must be non-negative with a positive sum")
-    w = w / w.sum()
+    w = (w / w.sum()).tolist()
     out: State = {}
     for key in states[0]:
         ref = states[0][key]
-        stacked = torch.stack([s[key] for s in states]).to(torch.float64)
-        ww = w.to(stacked.device).view(-1, *([1] * ref.dim()))
-        out[key] = (stacked * ww).sum(0).to(ref.dtype)
+        total = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
+        for state, weight in zip(states, w):
+            total.add_(state[key], alpha=weight)
+        out[key] = total.to(ref.dtype)
     return out
 
 

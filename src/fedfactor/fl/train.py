@@ -10,6 +10,7 @@ performance pass can execute the same plans for many clients at once. Evaluation
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Literal, Mapping, Sequence
@@ -56,6 +57,24 @@ class Optim:
 # extra_loss(params, batch, logits) -> scalar, added to the cross-entropy; `params` are the model's
 # named parameters as trained (FedProx: mu/2 ||params - anchor||^2).
 ExtraLoss = Callable[[Mapping[str, torch.Tensor], Batch, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True, eq=False)
+class ClientLoss:
+    """An extra loss that reads tensors of the client's own (FedProx's anchor): fn(params, batch,
+    logits, inputs). Two compare equal when their fn and their inputs' names do, so clients whose
+    plans differ only in such inputs still train batched (their inputs stacked per client)."""
+
+    fn: Callable[[Mapping[str, torch.Tensor], Batch, torch.Tensor, Mapping[str, torch.Tensor]], torch.Tensor]
+    inputs: Mapping[str, torch.Tensor]
+
+    def __call__(self, params: Mapping[str, torch.Tensor], batch: Batch, logits: torch.Tensor) -> torch.Tensor:
+        return self.fn(params, batch, logits, self.inputs)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ClientLoss) and self.fn == other.fn and list(self.inputs) == list(other.inputs)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -112,13 +131,17 @@ class Trainer:
     """Runs phases and evaluations for any client on the shared model; holds no client state."""
 
     def __init__(self, model: torch.nn.Module, x: torch.Tensor, batch_size: int, augment: str, optim: Optim,
-                 max_loss: float = math.inf):
+                 max_loss: float = math.inf, precision: str = "float32", channels_last: bool = False):
         self.model = model
         self.x = x
         self.batch_size = batch_size
         self.augment = augment
         self.optim = optim
         self.max_loss = max_loss
+        self.precision = precision
+        self.channels_last = channels_last
+        if channels_last:
+            model.to(memory_format=torch.channels_last)
         self.model_keys = list(model.state_dict())
         # BatchNorm cannot train on one sample where it normalises one value per channel (after global
         # pooling): a client whose data leaves a last batch of one skips that batch, as a DataLoader
@@ -127,6 +150,19 @@ class Trainer:
         # Called before every training step; the simulator sets it to raise Interrupted when a stop
         # signal arrived, so a long local epoch does not outlast a cluster's grace period.
         self.check_interrupt: Callable[[], None] = lambda: None
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The forward pass and loss of a training step: bf16 autocast under fl.precision=bf16."""
+        if self.precision == "bf16":
+            return torch.autocast(self.x.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def load(self, state: State) -> None:
+        """Copy a client's entries into the shared model (in place: cheaper than load_state_dict,
+        which re-checks every key and keeps each tensor's memory format)."""
+        with torch.no_grad():
+            for key, t in self.model.state_dict(keep_vars=True).items():
+                t.copy_(state[key])
 
     def batches(self, split: Split, generator: torch.Generator, epochs: int | None = None,
                 steps: int | None = None) -> Iterator[Batch]:
@@ -142,7 +178,10 @@ class Trainer:
                 if done == total:
                     return
                 b = order[start : start + self.batch_size]
-                yield Batch(augment_batch(self.x[split.idx[b]], self.augment, generator), split.y[b])
+                x = augment_batch(self.x[split.idx[b]], self.augment, generator)
+                if self.channels_last and x.dim() == 4:
+                    x = x.contiguous(memory_format=torch.channels_last)
+                yield Batch(x, split.y[b])
                 done += 1
 
     def fit(self, state: State, split: Split, phases: Sequence[Phase], generator: torch.Generator) -> tuple[State, float]:
@@ -151,7 +190,7 @@ class Trainer:
         Entries of `state` that are not the model's (a method's per-client extras) pass through,
         updated with any optimizer state a phase keeps.
         """
-        self.model.load_state_dict(select(state, self.model_keys))
+        self.load(state)
         out = dict(state)
         total, steps = torch.zeros((), device=self.x.device), 0
         for phase in phases:
@@ -186,10 +225,11 @@ class Trainer:
                 self.check_interrupt()
                 if self.skip_single and len(batch.y) == 1:
                     continue
-                logits = self.model(batch.x)
-                loss = F.cross_entropy(logits, batch.y)
-                if phase.loss is not None:
-                    loss = loss + phase.loss(named, batch, logits)
+                with self.autocast():
+                    logits = self.model(batch.x)
+                    loss = F.cross_entropy(logits, batch.y)
+                    if phase.loss is not None:
+                        loss = loss + phase.loss(named, batch, logits)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()

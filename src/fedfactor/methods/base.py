@@ -147,7 +147,10 @@ class Method:
 
     # -- client side ---------------------------------------------------------------------------
     def init_client(self, k: int, init_state: Mapping[str, torch.Tensor]) -> State:
-        return clone(init_state)
+        # The initial tensors are shared by every client, not copied K times: no hook changes a
+        # state's tensors in place (training and merging make new ones), so a client's entries
+        # become its own when it first trains (BENCHMARKS.md, memory against K).
+        return dict(init_state)
 
     def receive(self, k: int, state: State, payload: State) -> State:
         return {**state, **payload}

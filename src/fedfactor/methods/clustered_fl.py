@@ -32,7 +32,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 from pydantic import Field
-from sklearn.cluster import AgglomerativeClustering
 
 from ..fl.state import State, clone, select, weighted_average
 from .base import Method
@@ -61,6 +60,9 @@ def mean_update_norm(gram: torch.Tensor) -> float:
 
 def bipartition(similarity: np.ndarray) -> np.ndarray:
     """Two groups (labels 0/1) by complete linkage on the negated similarity, as the authors' code."""
+    # imported on first use: scikit-learn adds about a second to every training job's start
+    from sklearn.cluster import AgglomerativeClustering
+
     return AgglomerativeClustering(n_clusters=2, metric="precomputed", linkage="complete").fit(-similarity).labels_
 
 

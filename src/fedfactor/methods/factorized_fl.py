@@ -247,12 +247,11 @@ class FactorizedFL(Method):
     def plan(self, k, state, received):
         if not (self.factorized and self.hp.use_mu and self.hp.l1_mode == "paper" and self.hp.l1 > 0):
             return [Phase(epochs=self.ctx.epochs)]
-        lam, keys = self.hp.l1, self.mu_keys
+        # A bound method, equal for every client: clients' plans compare equal and can train batched.
+        return [Phase(epochs=self.ctx.epochs, loss=self._sparsity)]
 
-        def sparsity(params, batch, logits):
-            return lam * sum(params[key].abs().sum() for key in keys)
-
-        return [Phase(epochs=self.ctx.epochs, loss=sparsity)]
+    def _sparsity(self, params, batch, logits):
+        return self.hp.l1 * sum(params[key].abs().sum() for key in self.mu_keys)
 
     def match_key(self, k: int, state: State) -> torch.Tensor | None:
         """The vector client k sends for matching; None when it is inside the shared entries."""

@@ -126,10 +126,11 @@ class FedDecomp(Method):
                   Phase(params=self.sigma_group, epochs=E - self.hp.e_lora)]
         return [p for p in phases if p.epochs]
 
-    def local_train(self, k: int, state: State, received: State) -> tuple[State, float]:
-        state, loss = super().local_train(k, state, received)
+    def upload(self, k: int, state: State) -> State:
+        # Recorded here, from the trained state every uploading client passes through, rather than in
+        # local_train, which the simulator's batched path does not call per client.
         self._moved.append((self._tau_norm(state), _distance(state, self.sigma0, self.sigma_keys)))
-        return state, loss
+        return super().upload(k, state)
 
     # -- diagnostics -----------------------------------------------------------------------------
     def _tau_norm(self, state: State) -> torch.Tensor:

@@ -1,18 +1,24 @@
+import torch
 from pydantic import Field
 
 from ..fl.state import State
-from ..fl.train import ExtraLoss, Phase
+from ..fl.train import ClientLoss, Phase
 from .base import Method
 from . import METHODS
 
 
-def proximal(anchor: State, weight: float) -> ExtraLoss:
+def proximal(anchor: State, weight: float) -> ClientLoss:
     """The Phase loss weight * ||w - anchor||^2 over the anchor's entries (FedProx, FedAMP)."""
+    device = next(iter(anchor.values())).device
+    inputs = {"weight": torch.tensor(float(weight), device=device), **{f"anchor.{k}": a for k, a in anchor.items()}}
+    return ClientLoss(_proximal, inputs)
 
-    def loss(params, batch, logits):
-        return weight * sum(((params[key] - a) ** 2).sum() for key, a in anchor.items())
 
-    return loss
+def _proximal(params, batch, logits, inputs):
+    # a module-level function of the client's inputs: equal for every client, so plans batch
+    prefix = len("anchor.")
+    return inputs["weight"] * sum(((params[key[prefix:]] - a) ** 2).sum()
+                                  for key, a in inputs.items() if key != "weight")
 
 
 @METHODS.register("fedprox", "FedProx (Li et al. 2020): FedAvg plus a proximal term mu/2 ||w - w_global||^2")

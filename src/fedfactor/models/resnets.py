@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from torch import nn
-from torchvision.models.resnet import BasicBlock, conv1x1
 
 from .nets import MODELS, HeadedModel
 
@@ -34,6 +33,9 @@ def _stem(channels: int, style: str) -> list[tuple[str, nn.Module]]:
 
 def small_resnet(widths: tuple[int, ...], channels: int, num_classes: int, stem: str = "imagenet") -> HeadedModel:
     """One BasicBlock per stage of `widths` channels; every stage after the first halves the size."""
+    # imported here: torchvision.models costs every job over a second to import (models/vision.py)
+    from torchvision.models.resnet import BasicBlock, conv1x1
+
     parts = _stem(channels, stem)
     inplanes = 64
     for i, width in enumerate(widths):

@@ -33,18 +33,22 @@ from collections import OrderedDict
 
 import torch
 from torch import nn
-from torchvision import models
-from torchvision.models import WeightsEnum
 
 from ..errors import UsageError
 from .nets import MODELS, HeadedModel
 
-# name -> (torchvision's ImageNet weights, the key prefix of torchvision's classifier in them,
-# which our head replaces)
-IMAGENET_WEIGHTS: dict[str, tuple[WeightsEnum, str]] = {
-    "resnet18": (models.ResNet18_Weights.IMAGENET1K_V1, "fc."),
-    "vgg16": (models.VGG16_BN_Weights.IMAGENET1K_V1, "classifier.6."),
-}
+# name -> (torchvision's ImageNet weights enum, the key prefix of torchvision's classifier in them,
+# which our head replaces). torchvision.models is imported only when a model of it is built: the
+# import costs over a second (it pulls in torch._dynamo), paid by every training job otherwise.
+PRETRAINED = {"resnet18": ("ResNet18_Weights", "fc."), "vgg16": ("VGG16_BN_Weights", "classifier.6.")}
+
+
+def imagenet_weights(name: str):
+    """(torchvision's IMAGENET1K_V1 weights of `name`, the key prefix of its classifier)."""
+    from torchvision import models
+
+    enum, classifier = PRETRAINED[name]
+    return getattr(models, enum).IMAGENET1K_V1, classifier
 
 
 def _first_conv_for(conv: nn.Conv2d, channels: int) -> nn.Conv2d:
@@ -62,6 +66,8 @@ def _first_conv_for(conv: nn.Conv2d, channels: int) -> nn.Conv2d:
 
 @MODELS.register("resnet18", "torchvision ResNet-18 (ImageNet stem), as FedFac's CIFAR-10; ImageNet weights")
 def resnet18(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
+    from torchvision import models
+
     tv = models.resnet18(num_classes=num_classes)  # its fc keeps nn.Linear's default init: our head
     tv.conv1 = _first_conv_for(tv.conv1, channels)
     # ResNet's stride-2 convs and pools pad enough to keep >= 1 pixel: any input size works
@@ -79,6 +85,8 @@ def vgg16(channels: int, height: int, width: int, num_classes: int) -> nn.Module
     m = VGG16_MIN_INPUT
     if height < m or width < m:
         raise UsageError(f"vgg16 needs inputs of at least {m}x{m} pixels (got {height}x{width})")
+    from torchvision import models
+
     tv = models.vgg16_bn()
     tv.features[0] = _first_conv_for(tv.features[0], channels)
     body = nn.Sequential(OrderedDict(
@@ -125,9 +133,9 @@ def femnist_cnn(channels: int, height: int, width: int, num_classes: int) -> nn.
 
 def check_pretrained(name: str, channels: int) -> None:
     """Fail before building (VGG-16 takes seconds) when `name` cannot start from ImageNet weights."""
-    if name not in IMAGENET_WEIGHTS:
+    if name not in PRETRAINED:
         raise UsageError(f"model {name!r} has no pretrained weights; model.pretrained: true needs one of: "
-                         f"{', '.join(sorted(IMAGENET_WEIGHTS))}")
+                         f"{', '.join(sorted(PRETRAINED))}")
     if channels != 3:
         raise UsageError(f"the ImageNet weights of {name} need 3-channel (RGB) images, but the data has "
                          f"{channels} channel(s); set model.pretrained: false")
@@ -135,13 +143,13 @@ def check_pretrained(name: str, channels: int) -> None:
 
 def cached_weights_path(name: str) -> str:
     """Where torchvision's weights API looks for (and downloads) the weights file of `name`."""
-    weights, _ = IMAGENET_WEIGHTS[name]
+    weights, _ = imagenet_weights(name)
     return os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(weights.url))
 
 
 def load_imagenet_weights(name: str, model: nn.Module) -> None:
     """Load torchvision's ImageNet weights into everything but the head (left as initialised)."""
-    weights, classifier = IMAGENET_WEIGHTS[name]
+    weights, classifier = imagenet_weights(name)
     path = cached_weights_path(name)
     try:
         state = weights.get_state_dict(progress=False, map_location="cpu")
