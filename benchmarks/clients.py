@@ -59,10 +59,13 @@ def run(quick: bool, device: str) -> list[dict]:
         npz = write_npz(Path(tmp) / "clients.npz", n_train=total, n_test=many_k)
         note = f"{total} train + {many_k} test random 8x8 images, 10 classes (benchmarks/clients.py write_npz)"
         # Each client gets one test sample, the single client all of them: evaluation scores the same samples.
-        setups = {"many": (many_k, per_client, 1), "one": (1, total, many_k)}
+        # "batched": the many clients trained as one vmapped computation (fl.batch_clients=true), which
+        # `auto` picks on a GPU; on a CPU it runs the CNN's convolutions grouped.
+        setups = {"many": (many_k, per_client, 1, "false"), "one": (1, total, many_k, "false"),
+                  "batched": (many_k, per_client, 1, "true")}
         sims, timers, inputs = {}, {}, {}
-        for key, (k, n, t) in setups.items():
-            sets = [*client_sets(npz, k, n, t, device), "method.name=fedavg"]
+        for key, (k, n, t, batched) in setups.items():
+            sets = [*client_sets(npz, k, n, t, device), "method.name=fedavg", f"fl.batch_clients={batched}"]
             sims[key] = Simulator(load_config(None, sets))
             timers[key] = HookTimer(sims[key], device)
             inputs[key] = describe_sets(sets, note)
@@ -75,14 +78,17 @@ def run(quick: bool, device: str) -> list[dict]:
         for key, sim in sims.items():
             eval_s[key] = timed(sim.evaluate, device)
 
-    name = {"many": f"{many_k} clients x {per_client} samples", "one": f"1 client x {total} samples"}
+    name = {"many": f"{many_k} clients x {per_client} samples", "one": f"1 client x {total} samples",
+            "batched": f"{many_k} clients x {per_client} samples, batched"}
     rows = [
         row(f"{name['many']}: round", round_s["many"], "s", round_s["many"] / round_s["one"], "<= 1.5", inputs["many"]),
+        row(f"{name['batched']}: round", round_s["batched"], "s", round_s["batched"] / round_s["one"], "<= 1.5",
+            inputs["batched"]),
         row(f"{name['one']}: round", round_s["one"], "s", None, None, inputs["one"]),
         row("extra time per client", 1e3 * (round_s["many"] - round_s["one"]) / (many_k - 1), "ms", None, None,
             f"(many - one) / {many_k - 1}, E=1, batch 10, FedAvg, cnn"),
     ]
-    for key in sims:
+    for key in ("many", "one"):
         hooks = timers[key].seconds
         for hook in HOOKS:
             rows.append(row(f"{name[key]}: {hook}", hooks[hook], "s", hooks[hook] / round_s[key], None,

@@ -127,6 +127,9 @@ class FLConfig(Section):
     # rounding; dropout draws differ.
     # true/false force it (YAML reads on/off as true/false too).
     batch_clients: Literal["auto"] | bool = "auto"
+    # At most this many clients in one batched computation (memory grows with it: every client's
+    # parameters, gradients, optimizer state and activations at once).
+    batch_clients_max: Int = Field(64, ge=2)
     # bf16: forward and loss of local training under torch.autocast(bfloat16); scoring stays float32.
     precision: Literal["float32", "bf16"] = "float32"
     # Convolution weights and inputs in channels_last memory format (faster convolutions on GPUs).

@@ -234,3 +234,17 @@ def test_auto_on_cpu_batches_clients_of_near_equal_size_only(tiny, partition, ba
     sim.batched.fit_many = lambda jobs: calls.append(len(jobs)) or fit_many(jobs)
     sim.run_round(1)
     assert calls == ([4] if batched else [])
+
+
+def test_batches_hold_at_most_batch_clients_max_clients(tiny):
+    runs = {}
+    for cap in (2, 3):
+        sim = _sim(tiny, "model.name=mlp", "fl.batch_clients=true", f"fl.batch_clients_max={cap}")
+        calls = []
+        fit_many = sim.batched.fit_many
+        sim.batched.fit_many = lambda jobs: calls.append(len(jobs)) or fit_many(jobs)
+        sim.run_round(1)
+        runs[cap] = (calls, sim)
+    assert runs[2][0] == [2, 2] and runs[3][0] == [3, 1]
+    for k in range(4):  # how clients are chunked does not change what they train
+        _assert_close(runs[2][1].states[k], runs[3][1].states[k])

@@ -162,3 +162,18 @@ def test_a_batch_of_one_is_skipped_where_batchnorm_cannot_train_on_it():
     one = Split(torch.arange(1), torch.tensor([0]))
     same, nan = trainer.fit(state, one, [Phase(epochs=1)], _gen())
     assert nan != nan and torch.equal(same["1.weight"], state["1.weight"])
+
+
+def test_client_losses_compare_by_function_and_input_names_not_values():
+    from fedfactor.fl.train import ClientLoss
+
+    def fn(params, batch, logits, inputs):
+        return inputs["w"] * params["head.weight"].sum()
+
+    a = ClientLoss(fn, {"w": torch.tensor(1.0)})
+    b = ClientLoss(fn, {"w": torch.tensor(2.0)})
+    assert a == b and Phase(epochs=1, loss=a) == Phase(epochs=1, loss=b)  # such plans train batched
+    assert a != ClientLoss(lambda *args: fn(*args), {"w": torch.tensor(1.0)})
+    assert a != ClientLoss(fn, {"v": torch.tensor(1.0)})
+    params = {"head.weight": torch.ones(2, 2)}
+    assert float(b(params, None, None)) == 8.0  # called as a plain extra loss: fn with its own inputs

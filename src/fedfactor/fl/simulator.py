@@ -386,8 +386,10 @@ class Simulator:
                 for k in members:
                     results[k] = self._train(k, *received[k])
                 continue
-            jobs = [(received[k][0], self.clients[k]["train"], self._generator(k), plans[k]) for k in members]
-            results.update(zip(members, self.batched.fit_many(jobs)))
+            size = self.cfg.fl.batch_clients_max
+            for chunk in (members[i : i + size] for i in range(0, len(members), size)):
+                jobs = [(received[k][0], self.clients[k]["train"], self._generator(k), plans[k]) for k in chunk]
+                results.update(zip(chunk, self.batched.fit_many(jobs)))
         return results
 
     def _batch_pays(self, members: list[int]) -> bool:

@@ -157,12 +157,15 @@ class Trainer:
             return torch.autocast(self.x.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def load(self, state: State) -> None:
-        """Copy a client's entries into the shared model (in place: cheaper than load_state_dict,
-        which re-checks every key and keeps each tensor's memory format)."""
+    def load(self, state: State) -> dict[str, torch.Tensor]:
+        """Copy a client's entries into the shared model in place (cheaper than load_state_dict,
+        which re-checks every key, and it keeps each tensor's memory format); returns the model's
+        live entries, whose values after training are the client's new state."""
+        entries = self.model.state_dict(keep_vars=True)
         with torch.no_grad():
-            for key, t in self.model.state_dict(keep_vars=True).items():
+            for key, t in entries.items():
                 t.copy_(state[key])
+        return entries
 
     def batches(self, split: Split, generator: torch.Generator, epochs: int | None = None,
                 steps: int | None = None) -> Iterator[Batch]:
@@ -190,7 +193,8 @@ class Trainer:
         Entries of `state` that are not the model's (a method's per-client extras) pass through,
         updated with any optimizer state a phase keeps.
         """
-        self.load(state)
+        entries = self.load(state)
+        self.model.train()
         out = dict(state)
         total, steps = torch.zeros((), device=self.x.device), 0
         for phase in phases:
@@ -200,7 +204,7 @@ class Trainer:
         if not steps:
             return out, float("nan")
         mean = mean_loss(total, steps, self.max_loss)
-        out.update(clone(self.model.state_dict()))
+        out.update(clone(entries))
         return out, mean
 
     def _run(self, phase: Phase, split: Split, generator: torch.Generator, state: State) -> tuple[torch.Tensor, int]:
@@ -220,7 +224,6 @@ class Trainer:
         try:
             for n, p in named.items():  # no gradients for what this phase does not train
                 p.requires_grad_(n in names)
-            self.model.train()
             for batch in self.batches(split, generator, phase.epochs, phase.steps):
                 self.check_interrupt()
                 if self.skip_single and len(batch.y) == 1:
