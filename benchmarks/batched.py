@@ -11,10 +11,10 @@ from __future__ import annotations
 import statistics
 import time
 
-import torch
-
 from fedfactor.config import load_config
 from fedfactor.fl.simulator import Simulator
+
+from .common import describe_sets, row, synchronize
 
 DESCRIPTION = "clients trained as one vmapped batch vs one by one (FedAvg rounds, samples/s)"
 
@@ -28,8 +28,7 @@ def _round_times(sims: dict[str, Simulator], repeats: int) -> dict[str, float]:
         for name, sim in sims.items():
             start = time.perf_counter()
             sim.run_round(rnd)
-            if sim.device.type == "cuda":
-                torch.cuda.synchronize()
+            synchronize(str(sim.device))
             if rnd > 1:
                 times[name].append(time.perf_counter() - start)
     return {name: statistics.median(ts) for name, ts in times.items()}
@@ -48,14 +47,11 @@ def run(quick: bool, device: str) -> list[dict]:
                 for mode in ("false", "true", "auto")}
         samples = sum(len(c["train"]) for c in sims["false"].clients) * sims["false"].cfg.fl.epochs
         t = _round_times(sims, repeats)
-        inputs = " ".join(sets) + f"; median of {repeats}"
-        rows.append({"case": f"{case}: one by one", "value": samples / t["false"], "unit": "samples/s",
-                     "ratio": None, "target": None, "inputs": inputs})
+        inputs = describe_sets(sets, "") + f"; median of {repeats}"
+        rows.append(row(f"{case}: one by one", samples / t["false"], "samples/s", None, None, inputs))
         on_gpu = sims["false"].device.type == "cuda"
-        rows.append({"case": f"{case}: batched", "value": samples / t["true"], "unit": "samples/s",
-                     "ratio": t["false"] / t["true"], "target": ">= 3" if on_gpu and case.startswith("cnn") else None,
-                     "inputs": inputs})
+        rows.append(row(f"{case}: batched", samples / t["true"], "samples/s", t["false"] / t["true"],
+                        ">= 3" if on_gpu and case.startswith("cnn") else None, inputs))
         # `auto` must never lose to one by one (within the noise of a shared machine)
-        rows.append({"case": f"{case}: auto", "value": samples / t["auto"], "unit": "samples/s",
-                     "ratio": t["false"] / t["auto"], "target": ">= 0.95", "inputs": inputs})
+        rows.append(row(f"{case}: auto", samples / t["auto"], "samples/s", t["false"] / t["auto"], ">= 0.95", inputs))
     return rows
