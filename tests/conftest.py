@@ -1,4 +1,13 @@
+import os
+
 import pytest
+import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest -n N runs N workers, one a core: torch's default of a thread a core would
+    # oversubscribe them N times over, and the jobs the tests start inherit the setting.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 # A tiny but real run: digits, 4 clients, 2 rounds, one epoch; seconds on a CPU.
 TINY = [

@@ -101,20 +101,32 @@ def test_a_batched_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch
     pd.testing.assert_frame_equal(_result(tmp_path / "killed")[1], _result(tmp_path / "whole")[1])
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """method -> (its uninterrupted run's result, the calls it made, what they were): run once a module,
+    shared by the SIGKILL and the SIGTERM case."""
+    runs = {}
+
+    def run(method):
+        if method not in runs:
+            cfg, out = _cfg(method), tmp_path_factory.mktemp(method) / "whole"
+            fit, own = (Trainer, "fit"), (METHODS.get(method), "local_train")
+            with pytest.MonkeyPatch.context() as mp:
+                calls = {target: _fit_calls(mp, lambda n: None, target) for target in (fit, own)}
+                train(cfg, out)
+            # a method with its own training loop (Per-FedAvg, FedEM) is killed as a client starts it
+            target = fit if calls[fit]["n"] else own
+            runs[method] = _result(out), calls[target]["n"], target
+        return runs[method]
+
+    return run
+
+
 @pytest.mark.parametrize("kill", ["sigkill", "sigterm"])
 @pytest.mark.parametrize("method", METHODS.names())
-def test_every_method_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch, method, kill):
+def test_every_method_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch, method, kill, uninterrupted):
     cfg = _cfg(method)
-    calls = _fit_calls(monkeypatch, lambda n: None)
-    train(cfg, tmp_path / "whole")
-    expected = _result(tmp_path / "whole")
-    total = calls["n"]
-    target = (Trainer, "fit")
-    if not total:  # a method with its own training loop (Per-FedAvg, FedEM): kill as a client starts it
-        target = (METHODS.get(method), "local_train")
-        calls = _fit_calls(monkeypatch, lambda n: None, target)
-        train(cfg, tmp_path / "again")
-        total = calls["n"]
+    expected, total, target = uninterrupted(method)
 
     # Kill at a random training step of a random round (seeded per case, so a failure reproduces).
     at = random.Random(f"{method}-{kill}").randint(1, total)
@@ -282,11 +294,18 @@ def _mlflow_runs(uri):
     return client, client.search_runs(exps, max_results=1000)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_a_killed_job_resumes_and_matches_the_uninterrupted_run(tmp_path, sig):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    reference = tmp_path / "reference"
+@pytest.fixture(scope="module")
+def reference_30(tmp_path_factory):
+    """The uninterrupted 30-round run both killed jobs must match."""
+    reference = tmp_path_factory.mktemp("reference") / "run"
     train(load_config(None, [*TINY, "fl.rounds=30", "checkpoint.every=2"]), reference)
+    return reference
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_job_resumes_and_matches_the_uninterrupted_run(tmp_path, sig, reference_30):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    reference = reference_30
     out = tmp_path / "run"
     proc = _train_process(out, uri)
     _wait_for_rounds(proc, out, 3)

@@ -147,3 +147,44 @@ def test_a_decomposed_layer_is_not_decomposed_again():
     first = net[0].tau_a
     decompose(net, 0.5, 0.5, generator=_gen(9))
     assert net[0].tau_a is first and type(net[0]) is LowRankConv2d and type(net[4]) is LowRankLinear
+
+
+def test_a_frozen_tau_is_multiplied_once_and_again_after_every_change(monkeypatch):
+    net = decompose(_net(), 0.5, 0.5, generator=_gen())
+    with torch.no_grad():
+        for layer in lowrank_layers(net).values():
+            layer.tau_b.normal_(generator=_gen(4))
+    products = []
+    tau = LowRankConv2d.tau
+    monkeypatch.setattr(LowRankConv2d, "tau", lambda self, *a: products.append(1) or tau(self, *a))
+    conv, x = net[0], torch.randn(2, 3, 4, 4)
+
+    def expected():
+        return F.conv2d(x, conv.weight + tau(conv), conv.bias, padding=1)
+
+    # training tau: a new product (and gradient) every forward
+    conv(x).sum().backward()
+    conv(x)
+    assert len(products) == 2 and conv.tau_b.grad is not None
+    # tau frozen, sigma trained (FedDecomp's sigma phase): one product for all steps, sigma's gradient intact
+    for p in (conv.tau_b, conv.tau_a):
+        p.requires_grad_(False)
+    opt = torch.optim.SGD([conv.weight], lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        out = conv(x)
+        assert torch.allclose(out, expected(), atol=1e-6)
+        out.square().sum().backward()
+        assert conv.weight.grad.abs().sum() > 0
+        opt.step()
+    assert len(products) == 3
+    # a state loaded in place changes tau: the next forward uses the new factors
+    with torch.no_grad():
+        conv.tau_a.copy_(torch.randn_like(conv.tau_a))
+    assert torch.allclose(conv(x), expected(), atol=1e-6)
+    assert len(products) == 4
+    # factors given by functional_call are never the cached ones
+    state = dict(net.state_dict())
+    state["0.tau_b"] = torch.zeros_like(state["0.tau_b"])
+    out = torch.func.functional_call(conv, {k[2:]: v for k, v in state.items() if k.startswith("0.")}, (x,))
+    assert torch.allclose(out, F.conv2d(x, conv.weight, conv.bias, padding=1), atol=1e-6)

@@ -83,18 +83,38 @@ class _LowRank:
         # official: the raw view of an (O K) x (I K) matrix
         return to_weight(m, shape, "simfed" if self.tau_style == "paper" else "official")
 
+    def _forward_tau(self) -> torch.Tensor:
+        """tau for the forward pass, computed once while its factors are frozen.
+
+        FedDecomp's sigma phase freezes tau for E_global epochs; rebuilding B A at every step costs
+        as much as the convolution itself on small late feature maps. The product is reused while
+        both factors are this layer's own frozen parameters and unchanged: an in-place write (a loaded
+        state, an optimizer step) bumps a tensor's version. Factors passed by `functional_call`
+        (evaluation, the batched path) are not the parameters and are always multiplied afresh.
+        """
+        b, a = self.tau_b, self.tau_a
+        if b.requires_grad or a.requires_grad or not (isinstance(b, nn.Parameter) and isinstance(a, nn.Parameter)):
+            self._tau_cache = None
+            return self.tau()
+        key = (b._version, a._version, b.data_ptr(), a.data_ptr())
+        cache = getattr(self, "_tau_cache", None)
+        if cache is None or cache[0] != key:
+            with torch.no_grad():
+                cache = self._tau_cache = (key, self.tau())
+        return cache[1]
+
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, tau rank={self.tau_rank} ({self.tau_style})"
 
 
 class LowRankConv2d(_LowRank, nn.Conv2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._conv_forward(x, self.weight + self.tau(), self.bias)
+        return self._conv_forward(x, self.weight + self._forward_tau(), self.bias)
 
 
 class LowRankLinear(_LowRank, nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, self.weight + self.tau(), self.bias)
+        return nn.functional.linear(x, self.weight + self._forward_tau(), self.bias)
 
 
 def decompose(model: nn.Module, conv_ratio: float, linear_ratio: float, linear_rank: int = 0,
