@@ -34,6 +34,7 @@ from . import __version__
 from .config import Config, flatten
 from .errors import Interrupted, UsageError
 from .fl.simulator import ACCURACY_FIELDS, RoundRecord, Simulator, summarize
+from .models import resolve_layers
 from .io import (atomic_open, atomic_write_json, atomic_write_npy, atomic_write_text, folder_lock,
                  remove_stale_temporaries)
 from .tracking import FINAL_KEYS, RUN_FILES, STATE_FILE, Tracker, run_identity
@@ -120,12 +121,13 @@ def save_client_weights(cfg: Config, sim: Simulator, path: Path) -> tuple[dict[i
     has no plain weight there (factorized layers) or `diagnostics.keep_weights` is false.
     """
     d = cfg.diagnostics
-    layers = sim.diagnostic_layers()
-    keys = {i: f"{name}.weight" for i, name in layers.items() if f"{name}.weight" in sim.init}
+    layers = resolve_layers(sim.model, d.layers) if d.layers else sim.method.analysed_layers()
+    keys = {i: f"{name}.weight" for i, name in layers.items() if f"{name}.weight" in sim.states[0]}
     if not d.keep_weights or not keys:
         path.unlink(missing_ok=True)
         return {}, []
-    clients = sim.diagnosed_clients()
+    last = sim.sample(cfg.fl.rounds)
+    clients = [*last, *(k for k in sim.members if k not in last)][: d.max_clients]
     arrays = {key: torch.stack([sim.states[k][key] for k in clients]).to(torch.float16).cpu().numpy()
               for key in keys.values()}
     with atomic_open(path) as f:
