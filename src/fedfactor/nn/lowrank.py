@@ -68,6 +68,7 @@ class _LowRank:
             nn.init.normal_(a, 0.0, 1.0 / math.sqrt(a_shape[1]), generator=generator)
         self.tau_a = nn.Parameter(a.to(w.device))
         self.tau_b = nn.Parameter(torch.zeros(b_shape, dtype=w.dtype, device=w.device))
+        self._tau_cache: tuple[tuple[int, ...], torch.Tensor] | None = None  # see _forward_tau
 
     def tau(self, b: torch.Tensor | None = None, a: torch.Tensor | None = None) -> torch.Tensor:
         """tau in the weight's layout, from this layer's factors or from given ones (a state's)."""
@@ -97,7 +98,7 @@ class _LowRank:
             self._tau_cache = None
             return self.tau()
         key = (b._version, a._version, b.data_ptr(), a.data_ptr())
-        cache = getattr(self, "_tau_cache", None)
+        cache = self._tau_cache
         if cache is None or cache[0] != key:
             with torch.no_grad():
                 cache = self._tau_cache = (key, self.tau())
