@@ -29,3 +29,21 @@ def write_content(path, content):
         path.write_bytes(content)
     else:
         path.write_text(content)
+
+
+def record_uploads(sim):
+    """{client: its latest upload}, filled as `sim` runs rounds.
+
+    Under `eval.model: received` a trained client keeps only its own entries in `sim.states` (the
+    shared ones arrive again from the server), so a test that needs what a client trained and sent
+    reads it here.
+    """
+    sent = {}
+    upload = sim.method.upload
+
+    def recording(k, state):
+        sent[k] = payload = upload(k, state)
+        return payload
+
+    sim.method.upload = recording
+    return sent

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedfactor.config import load_config
+from fedfactor.fl.simulator import Simulator
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # `benchmarks` is a top-level folder, not part of the installed package
 
@@ -127,13 +130,20 @@ def test_memory_child_and_rows(tmp_path, monkeypatch):
 
     npz = clients.write_npz(tmp_path / "d.npz", n_train=40, n_test=4)
     sets = clients.client_sets(npz, 4, 10, 1, "cpu", epochs=2) + method_sets(memory.method_entry("fedper"), "fedper")
+    sets += ["diagnostics.keep_weights=false"]  # else the diagnosed clients also keep the layer before the head
     threads = torch.get_num_threads()
     try:
         r = memory.child({"sets": sets, "threads": 1})
     finally:
         torch.set_num_threads(threads)
     assert r["peak_rss_mb"] > 0 and r["per_client_bytes"] == r["states_bytes"] / 4
-    assert 0.9 < r["per_client_bytes"] / r["model_bytes"] < 1.1  # FedPer keeps one model per client
+    # every client trained, and a trained FedPer client keeps its own head only: the body comes from the server
+    sim = Simulator(load_config(None, sets))
+    assert sim.cfg.fl.fraction == 1 and sim.cfg.eval.model == "received"
+    personal = set(sim.init) - set(sim.server["global"])
+    assert personal == set(sim.ctx.head_keys)
+    assert r["per_client_bytes"] == sum(sim.init[key].nbytes for key in personal)
+    assert r["model_bytes"] == sum(t.nbytes for t in sim.init.values())
 
     # the row layout, without starting a process per setting
     fake = {"peak_rss_mb": 500.0, "states_bytes": 4096, "per_client_bytes": 1024.0, "model_bytes": 1024,

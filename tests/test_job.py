@@ -11,6 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -345,3 +346,35 @@ def test_four_jobs_at_once_on_a_fresh_store_all_finish_in_mlflow(tmp_path):
     assert all(r.info.status == "FINISHED" for r in runs) and len(runs) == 4
     for r in runs:
         assert sorted(m.step for m in client.get_metric_history(r.info.run_id, "bytes_up")) == [1, 2, 3]
+
+
+def test_the_diagnosed_clients_keep_their_weights_when_the_others_drop_the_shared_entries(tmp_path):
+    cfg = load_config(None, [*TINY, "fl.fraction=0.5", "diagnostics.max_clients=3", "eval.model=received"])
+    train(cfg, tmp_path / "run")
+    saved = np.load(tmp_path / "run" / "client_weights.npz", allow_pickle=False)
+    whole = Simulator(cfg)
+    whole._trim = False  # every trained client keeps its whole model
+    whole.run()
+    clients = whole.diagnosed_clients()
+    assert len(clients) == 3 and list(saved) == [f"{name}.weight" for name in whole.diagnostic_layers().values()]
+    for key in saved:
+        expected = torch.stack([whole.states[k][key] for k in clients]).to(torch.float16).numpy()
+        assert np.array_equal(saved[key], expected)
+
+
+def test_client_weights_under_other_diagnostics_settings_keep_the_clients_that_still_hold_them(tmp_path, caplog):
+    sets = [*TINY, "fl.fraction=0.5", "eval.model=received", "checkpoint.keep=true"]
+    train(load_config(None, [*sets, "diagnostics.max_clients=1"]), tmp_path)
+    # the kept final checkpoint meets a wider setting: the same run (diagnostics is not in its fingerprint)
+    cfg = load_config(None, [*sets, "diagnostics.max_clients=4"])
+    sim = Simulator(cfg)
+    first = sim.diagnosed_clients()[0]
+    trained = {k for rnd in range(1, cfg.fl.rounds + 1) for k in sim.sample(rnd)}
+    holding = [k for k in sim.diagnosed_clients() if k == first or k not in trained]
+    assert len(holding) < 4  # some trained clients dropped the weights, so the case is real
+    with caplog.at_level("WARNING", logger="fedfactor"):
+        summary = train(cfg, tmp_path)
+    assert "no longer hold the analysed layers' weights" in caplog.text
+    saved = np.load(tmp_path / "client_weights.npz", allow_pickle=False)
+    assert all(a.shape[0] == len(holding) for a in saved.values())
+    assert summary["analysed_clients"] == holding

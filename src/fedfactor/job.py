@@ -34,7 +34,6 @@ from . import __version__
 from .config import Config, flatten
 from .errors import Interrupted, UsageError
 from .fl.simulator import ACCURACY_FIELDS, RoundRecord, Simulator, summarize
-from .models import resolve_layers
 from .io import (atomic_open, atomic_write_json, atomic_write_npy, atomic_write_text, folder_lock,
                  remove_stale_temporaries)
 from .tracking import FINAL_KEYS, RUN_FILES, STATE_FILE, Tracker, run_identity
@@ -121,13 +120,23 @@ def save_client_weights(cfg: Config, sim: Simulator, path: Path) -> tuple[dict[i
     has no plain weight there (factorized layers) or `diagnostics.keep_weights` is false.
     """
     d = cfg.diagnostics
-    layers = resolve_layers(sim.model, d.layers) if d.layers else sim.method.analysed_layers()
-    keys = {i: f"{name}.weight" for i, name in layers.items() if f"{name}.weight" in sim.states[0]}
+    layers = sim.diagnostic_layers()
+    keys = {i: f"{name}.weight" for i, name in layers.items() if f"{name}.weight" in sim.init}
     if not d.keep_weights or not keys:
         path.unlink(missing_ok=True)
         return {}, []
-    last = sim.sample(cfg.fl.rounds)
-    clients = [*last, *(k for k in sim.members if k not in last)][: d.max_clients]
+    wanted = sim.diagnosed_clients()
+    # A trained client keeps these weights only if it was diagnosed under the settings it trained with
+    # (Simulator._kept_for_diagnostics); `diagnostics` is not part of a run's fingerprint, so a resumed
+    # or kept checkpoint may meet other settings and find some clients without them.
+    clients = [k for k in wanted if all(key in sim.states[k] for key in keys.values())]
+    if len(clients) < len(wanted):
+        log.warning("%s: clients %s no longer hold the analysed layers' weights (they trained under other "
+                    "diagnostics settings); keeping %d client(s)", path, sorted(set(wanted) - set(clients)),
+                    len(clients))
+    if not clients:
+        path.unlink(missing_ok=True)
+        return {}, []
     arrays = {key: torch.stack([sim.states[k][key] for k in clients]).to(torch.float16).cpu().numpy()
               for key in keys.values()}
     with atomic_open(path) as f:

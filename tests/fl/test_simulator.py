@@ -185,3 +185,79 @@ def test_a_methods_own_training_loop_gets_trainers_rule_for_a_batch_of_one(tiny,
     assert sizes() == [n - 1, 1]  # scoring (outside local_train) gets every batch
     sim._training = True
     assert sim.ctx.skip_single == skipped and sizes() == ([n - 1] if skipped else [n - 1, 1])
+
+
+@pytest.mark.parametrize("method, extra", [
+    ("fedavg", []), ("fedper", []), ("fedrod", []), ("agnostic_fl", []), ("fedem", []),
+    ("feddecomp", ["fl.epochs=2", "method.e_lora=1"]),
+])
+def test_a_trained_client_keeps_only_its_own_entries_and_the_run_is_unchanged(tiny, method, extra):
+    sets = [*tiny, "fl.rounds=3", "fl.fraction=0.5", "eval.model=received", "diagnostics.max_clients=2",
+            f"method.name={method}", *extra]
+    trimmed, whole = Simulator(load_config(None, sets)), Simulator(load_config(None, sets))
+    assert trimmed._trim and trimmed._stream == (method not in ("agnostic_fl", "feddecomp"))  # their own aggregate
+    # the plain path: every trained client keeps its whole model, and aggregate gets every upload
+    whole._trim = whole._stream = False
+    records = [sim.run() for sim in (trimmed, whole)]
+    assert [r.test.per_client.tolist() for r in records[0]] == [r.test.per_client.tolist() for r in records[1]]
+    assert all(torch.equal(trimmed.server["global"][k], v) for k, v in whole.server["global"].items())
+    diagnosed = {f"{name}.weight" for name in trimmed.diagnostic_layers().values()}
+    assert diagnosed <= set(trimmed.server["global"]) and (diagnosed or method == "fedem")  # FedEM: no plain layer
+    with_weights = set(trimmed.diagnosed_clients())
+    assert len(with_weights) == 2  # of 4 clients
+    for k in range(len(trimmed.states)):
+        if trimmed.states[k].keys() == whole.states[k].keys():  # never trained: the shared initial state
+            assert all(trimmed.states[k][key] is t for key, t in trimmed.init.items())
+            continue
+        kept = set(trimmed.states[k])
+        assert kept == set(whole.states[k]) - set(trimmed.server["global"]) | (diagnosed if k in with_weights else set())
+        assert all(torch.equal(trimmed.states[k][key], whole.states[k][key]) for key in kept)
+
+
+def test_the_trained_model_protocol_and_methods_with_their_own_receive_keep_whole_states(tiny):
+    for extra in (["eval.model=trained"], ["method.name=fedfomo", "partition.samples_per_client.val=5"]):
+        sim = Simulator(load_config(None, [*tiny, "fl.rounds=1", *extra]))
+        sim.run_round(1)
+        assert all(set(sim.init) <= set(s) for s in sim.states)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedper", "fedbn", "pfedpara"])
+def test_uploads_summed_as_they_arrive_give_the_server_that_aggregate_gives(tiny, method):
+    sets = [*tiny, "fl.rounds=2", "fl.fraction=0.75", "partition.kind=dirichlet", "eval.model=trained",
+            f"method.name={method}"]
+    streamed, plain = Simulator(load_config(None, sets)), Simulator(load_config(None, sets))
+    assert streamed._stream and not streamed._trim  # the trained-model protocol keeps whole states
+    plain._stream = False
+    for rnd in (1, 2):
+        for sim in (streamed, plain):
+            sim.run_round(rnd)
+        assert streamed.server["global"].keys() == plain.server["global"].keys()
+        assert all(torch.equal(streamed.server["global"][k], v) for k, v in plain.server["global"].items())
+    assert streamed.meter.up == plain.meter.up
+
+
+@pytest.mark.parametrize("stream_and_trim", [True, False])
+def test_a_round_lets_go_of_each_upload_once_it_is_summed(tiny, stream_and_trim):
+    """Streamed and trimmed, a round holds the previous client's upload at most (the loop's variables
+    until the next client's replace them); on the plain path every sampled client's model lives until
+    the round ends."""
+    import weakref
+
+    sim = Simulator(load_config(None, [*tiny, "fl.batch_clients=false", "eval.model=received",
+                                       "diagnostics.keep_weights=false"]))
+    assert sim._stream and sim._trim
+    sim._stream = sim._trim = stream_and_trim
+    alive, sent = [], []
+    upload = sim.method.upload
+
+    def recording(k, state):
+        alive.append(sum(ref() is not None for ref in sent))  # earlier clients' uploaded tensors still held
+        payload = upload(k, state)
+        sent.extend(weakref.ref(t) for t in payload.values())
+        return payload
+
+    sim.method.upload = recording
+    sim.run_round(1)
+    per_client = len(sim.server["global"])
+    assert alive == ([0, per_client, per_client, per_client] if stream_and_trim
+                     else [0, per_client, 2 * per_client, 3 * per_client])

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedfactor.fl.comm import CommMeter
-from fedfactor.fl.state import nbytes, pack_sparse, unpack_sparse, weighted_average
+from fedfactor.fl.state import WeightedSum, nbytes, pack_sparse, unpack_sparse, weighted_average
 
 
 def test_weighted_average_matches_hand_computed_values():
@@ -30,6 +30,26 @@ def test_weighted_average_rejects_bad_weights():
         weighted_average([{"t": torch.ones(1)}], [0])
     with pytest.raises(ValueError):
         weighted_average([{"t": torch.ones(1)}, {"t": torch.ones(1)}], [1])
+    with pytest.raises(ValueError):
+        weighted_average([{"t": torch.ones(1)}, {"t": torch.ones(1)}], [2, -1])
+    with pytest.raises(ValueError):  # a state without an entry the others have is not averaged silently
+        weighted_average([{"t": torch.ones(1)}, {"u": torch.ones(1)}], [1, 1])
+
+
+def test_a_weighted_sum_built_one_state_at_a_time_is_the_mean_of_them_all():
+    states = [{"w": torch.randn(3, 2), "b": torch.randn(2, dtype=torch.float64)} for _ in range(5)]
+    weights = [3, 1, 4, 1, 5]
+    total = WeightedSum()
+    for state, w in zip(states, weights):
+        total.add(state, w)
+    mean = total.mean()
+    assert total.count == 5 and total.weight == 14
+    assert mean["w"].dtype == torch.float32 and mean["b"].dtype == torch.float64
+    expected = sum(w * s["b"] for s, w in zip(states, weights)) / 14
+    assert torch.allclose(mean["b"], expected, rtol=1e-12)
+    assert all(torch.equal(mean[k], v) for k, v in weighted_average(states, weights).items())
+    with pytest.raises(ValueError):
+        WeightedSum().mean()
 
 
 def test_meter_counts_elements_times_element_size():

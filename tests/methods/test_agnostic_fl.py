@@ -11,6 +11,8 @@ from fedfactor.errors import UsageError
 from fedfactor.fl.simulator import Simulator
 from fedfactor.methods.agnostic_fl import LOSS, entropy, project_simplex
 
+from ..conftest import record_uploads
+
 CNN_FLOATS = 188810  # every float entry of the tiny cnn (digits, 10 classes); it has no BatchNorm
 
 
@@ -132,13 +134,14 @@ def test_a_client_reports_the_received_models_train_loss_before_training_and_lam
 
 def test_two_rounds_train_and_send_fedavgs_bytes_plus_one_float_up(tiny, capsys):
     sim = _sim(tiny)
+    sent = record_uploads(sim)
     records = sim.run()
     assert records[-1].test.mean > 0.3  # 10 classes: chance is 0.1
     assert records[-1].train_loss < records[0].train_loss
     W = CNN_FLOATS * 4
     assert [r.bytes_down_round for r in records] == [4 * W] * 2  # FedAvg's download
     assert [r.bytes_up_round for r in records] == [4 * (W + 4)] * 2  # FedAvg's upload + 4 bytes a client
-    assert set(sim.method.upload(0, sim.states[0])) == set(sim.ctx.float_keys) | {LOSS}
+    assert set(sent[0]) == set(sim.ctx.float_keys) | {LOSS}
     lam = records[-1].arrays["agnostic_lambda"]
     assert lam.shape == (4,) and lam.sum() == pytest.approx(1.0) and (lam >= 0).all()
     assert 0 < records[-1].diagnostics["agnostic_lambda_entropy"] <= math.log(4)

@@ -12,6 +12,8 @@ from fedfactor.fl.simulator import Simulator
 from fedfactor.fl.train import Optim, Phase
 from fedfactor.methods import METHODS, Method
 
+from ..conftest import record_uploads
+
 
 @METHODS.register("toy_rep", "test only: FedRep-like, head then body, only the body shared")
 class ToyRep(Method):
@@ -131,9 +133,10 @@ METHODS.register("toy_sparse_declared", "test only: toy_sparse that says its pay
 
 def test_sparse_uploads_are_counted_as_sent_and_cost_refuses_them(tiny, capsys):
     sim = Simulator(load_config(None, tiny + ["method.name=toy_sparse"]))
+    sent = record_uploads(sim)
     sim.run_round(1)
     dense = {k: v for k, v in sim.model.state_dict().items() if v.is_floating_point()}
-    nnz = [int((sim.states[k]["head.weight"].abs() > 0.05).sum()) for k in range(4)]
+    nnz = [int((sent[k]["head.weight"].to_dense().abs() > 0.05).sum()) for k in range(4)]
     others = sum(v.numel() for k, v in dense.items() if k != "head.weight")
     # each client: the dense entries, then its head's non-zeros as float32 values + 2 int64 indices
     assert sim.meter.up == sum(4 * others + 4 * n + 2 * 8 * n for n in nnz)

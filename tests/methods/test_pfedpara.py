@@ -11,6 +11,8 @@ from fedfactor.errors import UsageError
 from fedfactor.fl.simulator import Simulator
 from fedfactor.nn import hadamard_layers
 
+from ..conftest import record_uploads
+
 # The cnn on 8x8 digits with gamma = 0.5, r(0.5) = ceil((r_min + r_max) / 2):
 #   body.0 conv 1 -> 32, 5x5:  r_min 1, r_max 3  -> r 2:  W1 = 2 * (32 + 1) + 2^2 * 25   =    166
 #   body.3 conv 32 -> 64, 5x5: r_min 6, r_max 30 -> r 18: W1 = 18 * (64 + 32) + 18^2 * 25 =  9,828
@@ -49,12 +51,13 @@ def test_upload_is_exactly_the_global_factors_and_bytes_are_what_it_sends(tiny):
 def test_after_a_round_w1_is_the_weighted_mean_and_w2_the_clients_own(tiny):
     sim = _sim(tiny, "fl.rounds=1")
     init = {k: sim.init[k] for k in PERSONAL}
+    sent = record_uploads(sim)
     sim.run()
     m = sim.method
     sizes = torch.tensor(sim.ctx.train_sizes, dtype=torch.float64)
     received = [m.receive(k, sim.states[k], m.download(sim.server, k)) for k in range(4)]
     for key in GLOBAL:
-        trained = torch.stack([sim.states[k][key].double() for k in range(4)])
+        trained = torch.stack([sent[k][key].double() for k in range(4)])
         mean = (trained * (sizes / sizes.sum()).view(-1, *[1] * (trained.dim() - 1))).sum(0)
         assert not torch.equal(trained[0], trained[1])  # the clients did train it
         for k in range(4):

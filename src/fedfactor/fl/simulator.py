@@ -28,10 +28,10 @@ from ..devices import resolve_device
 from ..errors import Interrupted, RunFailed, UsageError
 from ..methods import METHODS, Context
 from ..methods.base import Method
-from ..models import build_model
+from ..models import build_model, resolve_layers
 from .batched import BatchedTrainer, batchable
 from .comm import CommMeter
-from .state import State, clone
+from .state import State, WeightedSum, clone
 from .train import Batch, Diverged, Optim, Phase, Split, Trainer, derive_seed
 
 
@@ -231,6 +231,19 @@ class Simulator:
         self.members = [k for k in range(K) if k not in set(self.newcomers)]
         self.states: list[State] = [self.method.init_client(k, init) for k in range(K)]
         self.server = self.method.init_server(init)
+        # A trained client keeps only what is its own when nothing reads the rest again: scored with
+        # the received model, and with the base download and receive, every entry of the server's
+        # "global" overwrites the client's before its state is trained or scored again. The clients
+        # whose final weights the diagnostics keep (job.save_client_weights) keep those layers' weights.
+        self._trim = (not dry_run and cfg.eval.model == "received" and type(self.method).download is Method.download
+                      and type(self.method).receive is Method.receive)
+        # With the base aggregate, each upload is added to the weighted sum as it arrives: together
+        # with the trimming, a round no longer holds every sampled client's model until it ends.
+        self._stream = type(self.method).aggregate is Method.aggregate
+        self._kept_for_diagnostics: dict[int, set[str]] = {}
+        if self._trim and cfg.diagnostics.keep_weights:
+            keys = {f"{name}.weight" for name in self.diagnostic_layers().values()}
+            self._kept_for_diagnostics = dict.fromkeys(self.diagnosed_clients(), keys)
         self.meter = CommMeter()
         self.round = 0  # the last completed round: what a checkpoint holds
         self.records: list[RoundRecord] = []
@@ -412,6 +425,9 @@ class Simulator:
         self._generators, self._scalars, self._arrays = {}, {}, {}
         trained: dict[int, State] = {}
         uploads: dict[int, State] = {}
+        weights: dict[int, float] = {}
+        total = WeightedSum()
+        drop = set(self.server["global"]) if self._trim else set()
         losses, skipped = [], []
         try:
             for k, state, result in self._local_training(self.sample(rnd)):
@@ -424,10 +440,17 @@ class Simulator:
                 if result is not None:
                     state, loss = result
                     losses.append(loss)
-                trained[k] = state
-                uploads[k] = self.meter.upload(self.method.upload(k, state))
-            weights = {k: float(self.ctx.train_sizes[k]) for k in uploads}
-            server = self.method.aggregate(self.server, uploads, weights)
+                upload = self.meter.upload(self.method.upload(k, state))
+                weights[k] = float(self.ctx.train_sizes[k])
+                if self._stream:
+                    if upload:
+                        total.add(upload, weights[k])
+                else:
+                    uploads[k] = upload
+                gone = drop - self._kept_for_diagnostics.get(k, set())
+                trained[k] = {key: t for key, t in state.items() if key not in gone} if gone else state
+            server = (self.method.set_global(self.server, total) if self._stream
+                      else self.method.aggregate(self.server, uploads, weights))
         except BaseException:
             self.meter.discard_round()
             raise
@@ -437,6 +460,18 @@ class Simulator:
         self.meter.end_round()
         loss = float(np.nanmean(losses)) if losses and not np.all(np.isnan(losses)) else float("nan")
         return loss, skipped
+
+    def diagnostic_layers(self) -> dict[int, str]:
+        """{paper index: module name} of the layers whose final client weights the diagnostics analyse:
+        `diagnostics.layers`, else the method's choice."""
+        layers = self.cfg.diagnostics.layers
+        return resolve_layers(self.model, layers) if layers else self.method.analysed_layers()
+
+    def diagnosed_clients(self) -> list[int]:
+        """The clients whose final weights the diagnostics keep: those sampled in the last round first,
+        at most `diagnostics.max_clients` (known from the start: sampling depends on the seed alone)."""
+        last = self.sample(self.cfg.fl.rounds)
+        return [*last, *(k for k in self.members if k not in last)][: self.cfg.diagnostics.max_clients]
 
     def scored_state(self, k: int) -> State:
         """The state client k is scored with under `eval.model`."""

@@ -6,6 +6,7 @@ clients and lets a run be checkpointed by saving dicts.
 
 from __future__ import annotations
 
+import math
 from typing import Iterable, Mapping
 
 import torch
@@ -21,29 +22,50 @@ def select(state: Mapping[str, torch.Tensor], keys: Iterable[str]) -> State:
     return {k: state[k] for k in keys}
 
 
-def weighted_average(states: list[Mapping[str, torch.Tensor]], weights: Iterable[float]) -> State:
-    """sum_i w_i * state_i / sum_i w_i, key by key.
+class WeightedSum:
+    """sum_i w_i * state_i, key by key, built one state at a time; `mean()` divides by sum_i w_i.
 
     Accumulates in float64 so the mean of identical tensors is that tensor exactly and the result
-    does not depend on the order of the clients beyond float64 rounding. The float64 sum is built
-    in place (add_ promotes each float32 client tensor as it goes) rather than by stacking: with
-    many clients a stacked float64 copy of every state was the round's largest cost in time and
-    memory (BENCHMARKS.md).
+    does not depend on the order of the states beyond float64 rounding. The sum is built in place
+    (add_ promotes each float32 tensor as it goes) rather than by stacking: with many clients a
+    stacked float64 copy of every state was the round's largest cost in time and memory, and a round
+    that adds each upload as it arrives need not keep the uploads (BENCHMARKS.md, memory).
     """
-    w = torch.tensor(list(weights), dtype=torch.float64)
-    if len(states) == 0 or len(w) != len(states):
+
+    def __init__(self) -> None:
+        self.totals: State = {}
+        self.dtypes: dict[str, torch.dtype] = {}
+        self.weight = 0.0
+        self.count = 0
+
+    def add(self, state: Mapping[str, torch.Tensor], weight: float) -> None:
+        if weight < 0 or not math.isfinite(weight):
+            raise ValueError(f"weights must be finite and non-negative (got {weight})")
+        if self.count and state.keys() != self.totals.keys():
+            raise ValueError("every state of a weighted sum needs the same entries")
+        for key, t in state.items():
+            if key not in self.totals:
+                self.totals[key] = torch.zeros(t.shape, dtype=torch.float64, device=t.device)
+                self.dtypes[key] = t.dtype
+            self.totals[key].add_(t, alpha=weight)
+        self.weight += weight
+        self.count += 1
+
+    def mean(self) -> State:
+        if self.count == 0 or self.weight <= 0:
+            raise ValueError("a weighted mean needs at least one state and a positive sum of weights")
+        return {key: (t / self.weight).to(self.dtypes[key]) for key, t in self.totals.items()}
+
+
+def weighted_average(states: list[Mapping[str, torch.Tensor]], weights: Iterable[float]) -> State:
+    """sum_i w_i * state_i / sum_i w_i, key by key (WeightedSum)."""
+    weights = list(weights)
+    if len(states) == 0 or len(weights) != len(states):
         raise ValueError("weighted_average needs one weight per state and at least one state")
-    if (w < 0).any() or w.sum() <= 0:
-        raise ValueError("weights must be non-negative with a positive sum")
-    w = (w / w.sum()).tolist()
-    out: State = {}
-    for key in states[0]:
-        ref = states[0][key]
-        total = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
-        for state, weight in zip(states, w):
-            total.add_(state[key], alpha=weight)
-        out[key] = total.to(ref.dtype)
-    return out
+    total = WeightedSum()
+    for state, weight in zip(states, weights):
+        total.add(state, float(weight))
+    return total.mean()
 
 
 def tensor_bytes(t: torch.Tensor) -> int:

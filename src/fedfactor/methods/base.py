@@ -6,7 +6,8 @@ whatever they return, so communication cost is measured from what is sent.
 Server side
     init_server(init_state) -> server   the method's own dict of tensors
     download(server, k) -> payload      what client k receives (personalised per client if needed)
-    aggregate(server, uploads, weights) how the server combines uploads into its state
+    aggregate(server, uploads, weights) how the server combines uploads into its state (kept as it is,
+                                        the round sums each upload as it arrives: set_global)
 Client side
     init_client(k, init_state) -> state the client's state: the model's entries plus any extras
     receive(k, state, payload) -> state how the client merges what it received (pure)
@@ -35,7 +36,7 @@ from pydantic.fields import FieldInfo
 
 from ..config import Float, Int, validation_message
 from ..errors import UsageError
-from ..fl.state import State, clone, select, weighted_average
+from ..fl.state import State, WeightedSum, clone, select
 from ..fl.train import Batch, Optim, Phase, Split
 from ..models import resolve_layers
 from . import METHODS
@@ -140,9 +141,18 @@ class Method:
         return dict(server["global"])
 
     def aggregate(self, server: dict, uploads: dict[int, State], weights: dict[int, float]) -> dict:
-        payloads = [u for u in uploads.values() if u]
-        if payloads:
-            server["global"] = weighted_average(payloads, [weights[k] for k, u in uploads.items() if u])
+        # A method that keeps this aggregate has its uploads summed by the round loop as they arrive
+        # (Simulator.run_round), with the same WeightedSum: a round then holds one sum, not K uploads.
+        total = WeightedSum()
+        for k, u in uploads.items():
+            if u:
+                total.add(u, weights[k])
+        return self.set_global(server, total)
+
+    def set_global(self, server: dict, total: WeightedSum) -> dict:
+        """The server after the base aggregate: the weighted mean of the non-empty uploads, if any."""
+        if total.count:
+            server["global"] = total.mean()
         return server
 
     # -- client side ---------------------------------------------------------------------------
