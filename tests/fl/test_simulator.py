@@ -7,6 +7,8 @@ only and its own test split holds the test images of class k. The scored models 
 test part.
 """
 
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -241,8 +243,6 @@ def test_a_round_lets_go_of_each_upload_once_it_is_summed(tiny, stream_and_trim)
     """Streamed and trimmed, a round holds the previous client's upload at most (the loop's variables
     until the next client's replace them); on the plain path every sampled client's model lives until
     the round ends."""
-    import weakref
-
     sim = Simulator(load_config(None, [*tiny, "fl.batch_clients=false", "eval.model=received",
                                        "diagnostics.keep_weights=false"]))
     assert sim._stream and sim._trim
