@@ -6,8 +6,8 @@ whatever they return, so communication cost is measured from what is sent.
 Server side
     init_server(init_state) -> server   the method's own dict of tensors
     download(server, k) -> payload      what client k receives (personalised per client if needed)
-    aggregate(server, uploads, weights) how the server combines uploads into its state (kept as it is,
-                                        the round sums each upload as it arrives: set_global)
+    aggregate(server, uploads, weights) how the server combines uploads into its state (where a method
+                                        keeps this one, the round sums uploads as they arrive: set_global)
 Client side
     init_client(k, init_state) -> state the client's state: the model's entries plus any extras
     receive(k, state, payload) -> state how the client merges what it received (pure)
