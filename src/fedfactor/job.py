@@ -122,10 +122,7 @@ def save_client_weights(cfg: Config, sim: Simulator, path: Path) -> tuple[dict[i
     d = cfg.diagnostics
     layers = sim.diagnostic_layers()
     keys = {i: f"{name}.weight" for i, name in layers.items() if f"{name}.weight" in sim.init}
-    if not d.keep_weights or not keys:
-        path.unlink(missing_ok=True)
-        return {}, []
-    wanted = sim.diagnosed_clients()
+    wanted = sim.diagnosed_clients() if d.keep_weights and keys else []
     # A trained client keeps these weights only if it was diagnosed under the settings it trained with
     # (Simulator._kept_for_diagnostics); `diagnostics` is not part of a run's fingerprint, so a resumed
     # or kept checkpoint may meet other settings and find some clients without them.
