@@ -378,3 +378,10 @@ def test_client_weights_under_other_diagnostics_settings_keep_the_clients_that_s
     saved = np.load(tmp_path / "client_weights.npz", allow_pickle=False)
     assert all(a.shape[0] == len(holding) for a in saved.values())
     assert summary["analysed_clients"] == holding
+
+
+def test_no_client_weights_without_keep_weights_and_an_earlier_file_is_removed(tmp_path):
+    train(load_config(None, TINY), tmp_path)
+    assert (tmp_path / "client_weights.npz").exists()
+    summary = train(load_config(None, [*TINY, "diagnostics.keep_weights=false"]), tmp_path)
+    assert not (tmp_path / "client_weights.npz").exists() and summary["analysed_clients"] == []
