@@ -20,9 +20,12 @@ from fedfactor.config import load_config
 from fedfactor.errors import Interrupted, RunFailed, UsageError
 from fedfactor.fl.batched import BatchedTrainer
 from fedfactor.fl.simulator import Simulator
-from fedfactor.fl.train import Trainer
+from fedfactor.fl.train import Diverged, Trainer
 from fedfactor.job import CHECKPOINT, check_output_folder, train
 from fedfactor.methods import METHODS
+from fedfactor.methods.base import Method
+from fedfactor.models.layers import effective_weight
+from fedfactor.report.diagnose import diagnose
 
 from .conftest import TINY
 
@@ -198,6 +201,7 @@ def test_same_seed_same_run_other_seed_other_run(tmp_path):
         train(load_config(None, [*TINY, f"seed={seed}"]), tmp_path / name)
     a, b, c = (_result(tmp_path / n) for n in "abc")
     assert a[0] == b[0]
+    assert a[0]["warnings"] == []  # a run that did not degenerate
     pd.testing.assert_frame_equal(a[1], b[1])
     assert a[1]["accuracy_mean"].tolist() != c[1]["accuracy_mean"].tolist()
 
@@ -348,18 +352,31 @@ def test_four_jobs_at_once_on_a_fresh_store_all_finish_in_mlflow(tmp_path):
         assert sorted(m.step for m in client.get_metric_history(r.info.run_id, "bytes_up")) == [1, 2, 3]
 
 
-def test_the_diagnosed_clients_keep_their_weights_when_the_others_drop_the_shared_entries(tmp_path):
-    cfg = load_config(None, [*TINY, "fl.fraction=0.5", "diagnostics.max_clients=3", "eval.model=received"])
-    train(cfg, tmp_path / "run")
+@pytest.mark.parametrize("method, extra", [("fedavg", []), ("feddecomp", ["fl.epochs=2", "method.e_lora=1"]),
+                                           ("pfedpara", []), ("factorized_fl_alpha", [])])
+def test_the_diagnosed_clients_keep_the_effective_weights_that_diagnose_analyses(tmp_path, method, extra):
+    # Under eval.model=received the clients drop the shared entries (FedDecomp's sigma, pFedPara's
+    # W_1 factors) except those the diagnostics read; Factorized-FL keeps whole states. Each kept
+    # weight is the layer's effective one: sigma + tau, W_1 o (W_2 + 1), u v^T + mu.
+    cfg = load_config(None, [*TINY, f"method.name={method}", *extra, "fl.fraction=0.5", "diagnostics.max_clients=3",
+                             "eval.model=received"])
+    summary = train(cfg, tmp_path / "run")
     saved = np.load(tmp_path / "run" / "client_weights.npz", allow_pickle=False)
     whole = Simulator(cfg)
     whole._trim = False  # every trained client keeps its whole model
     whole.run()
     clients = whole.diagnosed_clients()
-    assert len(clients) == 3 and list(saved) == [f"{name}.weight" for name in whole.diagnostic_layers().values()]
-    for key in saved:
-        expected = torch.stack([whole.states[k][key] for k in clients]).to(torch.float16).numpy()
-        assert np.array_equal(saved[key], expected)
+    assert summary["analysed_layers"] == {"3": "body.7"} and summary["analysed_clients"] == clients
+    assert len(clients) == 3 and list(saved) == ["body.7.weight"]
+    expected = torch.stack([effective_weight(whole.model, "body.7", whole.states[k]) for k in clients])
+    assert np.array_equal(saved["body.7.weight"], expected.to(torch.float16).numpy())
+    if method != "fedavg":  # not the layer's plain parameter: there is none, or it is sigma alone
+        first = whole.states[clients[0]]
+        assert "body.7.weight" not in first or not torch.equal(first["body.7.weight"], expected[0])
+    done = diagnose([tmp_path / "run"], tmp_path / "diagnostics", mlflow=False)
+    assert done["skipped"] == []
+    (row,) = done["rows"].itertuples()
+    assert row.error == "" and (row.K, row.d) == (3, expected.shape[1]) and row.G >= 1
 
 
 def test_client_weights_under_other_diagnostics_settings_keep_the_clients_that_still_hold_them(tmp_path, caplog):
@@ -385,3 +402,53 @@ def test_no_client_weights_without_keep_weights_and_an_earlier_file_is_removed(t
     assert (tmp_path / "client_weights.npz").exists()
     summary = train(load_config(None, [*TINY, "diagnostics.keep_weights=false"]), tmp_path)
     assert not (tmp_path / "client_weights.npz").exists() and summary["analysed_clients"] == []
+
+
+class ToyWarns(Method):
+    """FedAvg that logs its round and reports one line built from what it logged (test only, not registered)."""
+
+    name = "toy_warns"
+
+    def aggregate(self, server, uploads, weights):
+        self.ctx.log("toy_round", self.ctx.round)
+        return super().aggregate(server, uploads, weights)
+
+    def run_warnings(self, diagnostics):
+        return [f"toy_warns logged rounds {[d['toy_round'] for d in diagnostics]}"]
+
+
+def test_a_methods_run_warnings_reach_the_log_the_summary_and_mlflow(tmp_path, monkeypatch, caplog):
+    monkeypatch.setitem(METHODS._entries, "toy_warns", (ToyWarns, "test only"))
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = load_config(None, [*TINY, "method.name=toy_warns", "checkpoint.every=1", "tracking.enabled=true",
+                             f"tracking.uri={uri}"])
+    # killed in round 2 (4 clients a round): the resumed job reads round 1's scalars from the checkpoint
+    kill = [True]
+    _fit_calls(monkeypatch, lambda n: (_ for _ in ()).throw(Killed) if kill[0] and n == 5 else None)
+    with pytest.raises(Killed):
+        train(cfg, tmp_path / "run")
+    kill[0] = False
+    with caplog.at_level("WARNING", logger="fedfactor"):
+        summary = train(cfg, tmp_path / "run")
+    line = "toy_warns logged rounds [1.0, 2.0]"
+    assert summary["resumed_after_rounds"] == [1]
+    assert summary["warnings"] == [line]  # and none of the loop's own: no round dropped every update
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["warnings"] == [line]
+    assert line in caplog.text
+    _, runs = _mlflow_runs(uri)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert runs[0].data.tags["fedfactor.warnings"] == line and runs[0].data.metrics["final_warnings"] == 1
+
+
+def test_a_round_that_dropped_every_clients_update_is_a_warning(tmp_path, monkeypatch, caplog):
+    def diverge(n):  # round 1: all four clients diverge; round 2: its second client only
+        if n <= 4 or n == 6:
+            raise Diverged(float("inf"), 1e4)
+
+    _fit_calls(monkeypatch, diverge)
+    with caplog.at_level("WARNING", logger="fedfactor"):
+        summary = train(load_config(None, [*TINY, "fl.on_divergence=skip"]), tmp_path)
+    assert summary["skipped_updates"] == [[1, 0], [1, 1], [1, 2], [1, 3], [2, 1]]
+    (line,) = summary["warnings"]
+    assert line.startswith("1 round(s) dropped the update of every client") and "rounds 1;" in line
+    assert line in caplog.text

@@ -34,9 +34,10 @@ from . import __version__
 from .config import Config, flatten
 from .errors import Interrupted, UsageError
 from .fl.simulator import ACCURACY_FIELDS, RoundRecord, Simulator, summarize
+from .models.layers import effective_weight, layer_entries
 from .io import (atomic_open, atomic_write_json, atomic_write_npy, atomic_write_text, folder_lock,
                  remove_stale_temporaries)
-from .tracking import FINAL_KEYS, RUN_FILES, STATE_FILE, Tracker, run_identity
+from .tracking import FINAL_KEYS, RUN_FILES, STATE_FILE, Tracker, log_to_run, run_identity
 
 log = logging.getLogger("fedfactor")
 
@@ -115,18 +116,21 @@ def stop_signals(sim: Simulator) -> Iterator[None]:
 def save_client_weights(cfg: Config, sim: Simulator, path: Path) -> tuple[dict[int, str], list[int]]:
     """Final client weights of the analysed layers, for `fedfactor diagnose`, as float16 arrays.
 
+    Entry "<module>.weight" holds each client's effective weight of the layer in the plain layer's
+    shape (rows: output units): u v^T + mu for a factorized layer (mu as trained, not pruned),
+    sigma + tau for a low-rank one, the Hadamard product for pFedPara (models.layers.effective_weight).
     Kept small: at most `diagnostics.max_clients` clients, those trained in the last round first.
-    Returns the layers ({index: module name}) and the clients kept; nothing when the method's model
-    has no plain weight there (factorized layers) or `diagnostics.keep_weights` is false.
+    Returns the layers ({index: module name}) and the clients kept; nothing when the method analyses
+    no layer (FedEM) or `diagnostics.keep_weights` is false.
     """
     d = cfg.diagnostics
     layers = sim.diagnostic_layers()
-    keys = {i: f"{name}.weight" for i, name in layers.items() if f"{name}.weight" in sim.init}
-    wanted = sim.diagnosed_clients() if d.keep_weights and keys else []
-    # A trained client keeps these weights only if it was diagnosed under the settings it trained with
+    entries = [key for name in layers.values() for key in layer_entries(sim.model, name)]
+    wanted = sim.diagnosed_clients() if d.keep_weights and layers else []
+    # A trained client keeps these entries only if it was diagnosed under the settings it trained with
     # (Simulator._kept_for_diagnostics); `diagnostics` is not part of a run's fingerprint, so a resumed
     # or kept checkpoint may meet other settings and find some clients without them.
-    clients = [k for k in wanted if all(key in sim.states[k] for key in keys.values())]
+    clients = [k for k in wanted if all(key in sim.states[k] for key in entries)]
     if len(clients) < len(wanted):
         log.warning("%s: clients %s no longer hold the analysed layers' weights (they trained under other "
                     "diagnostics settings); keeping %d client(s)", path, sorted(set(wanted) - set(clients)),
@@ -134,11 +138,11 @@ def save_client_weights(cfg: Config, sim: Simulator, path: Path) -> tuple[dict[i
     if not clients:
         path.unlink(missing_ok=True)
         return {}, []
-    arrays = {key: torch.stack([sim.states[k][key] for k in clients]).to(torch.float16).cpu().numpy()
-              for key in keys.values()}
+    arrays = {f"{name}.weight": torch.stack([effective_weight(sim.model, name, sim.states[k]) for k in clients])
+              .to(torch.float16).cpu().numpy() for name in layers.values()}
     with atomic_open(path) as f:
         np.savez(f, **arrays)
-    return {i: layers[i] for i in keys}, clients
+    return layers, clients
 
 
 def train(cfg: Config, out: Path) -> dict[str, Any]:
@@ -234,6 +238,16 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
             name: {"accuracy_mean": sc.mean, "accuracy_weighted": sc.weighted, "per_client": sc.per_client.tolist()}
             for name, sc in scored.items()}}
     analysed, analysed_clients = save_client_weights(cfg, sim, out / WEIGHTS)
+    # How the run degenerated, if it did: the method's account from its logged scalars, and the
+    # loop's own, a round that dropped every trained client's update (nothing reached the server).
+    warnings = list(sim.method.run_warnings([r.diagnostics for r in sim.records]))
+    dropped = [r.round for r in sim.records if r.skipped and len(r.skipped) == len(sim.sample(r.round))]
+    if dropped:
+        shown = ", ".join(map(str, dropped[:10])) + (", ..." if len(dropped) > 10 else "")
+        warnings.append(f"{len(dropped)} round(s) dropped the update of every client they trained (their training "
+                        f"loss diverged; fl.on_divergence=skip): rounds {shown}; see skipped_updates, lower fl.lr")
+    for line in warnings:
+        log.warning("%s: %s", run_name, line)
     summary = {
         "method": cfg.label or cfg.method["name"],
         "method_name": cfg.method["name"],
@@ -248,6 +262,7 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
         "head_local": sim.head_local,
         "protocol": cfg.eval.model_dump(),
         **summarize(sim.records, cfg.eval.report),
+        "warnings": warnings,
         "accuracy_fields": ACCURACY_FIELDS,
         "bytes_up": sim.meter.up,
         "bytes_down": sim.meter.down,
@@ -271,6 +286,13 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
     finals = {k: summary[k] for k in FINAL_KEYS if summary[k] is not None}
     for name, sc in (new_clients or {"strategies": {}})["strategies"].items():
         finals[f"new_clients_{name}_accuracy_weighted"] = sc["accuracy_weighted"]
+    finals["warnings"] = len(warnings)  # final_warnings: 0 for a run that did not degenerate
+    if warnings and tracker.active:  # the lines as a tag, on the run the tracker holds (nothing is created)
+        text = "\n".join(warnings)
+        outcome, detail = log_to_run(out, cfg.tracking.uri, {}, {"fedfactor.warnings": text[:5000]},
+                                     run_id=tracker.run_id)
+        if outcome != "logged":
+            log.warning("%s: the run's warnings are not in MLflow (%s); summary.json has them", run_name, detail)
     tracker.finish(finals, [f for f in files if f.exists()])
     if not cfg.checkpoint.keep:
         ckpt_path.unlink(missing_ok=True)

@@ -104,4 +104,5 @@ def study_spec(config: dict[str, Any], scenarios: list[str], methods: dict[str, 
         "methods": {m: {"name": config["methods"][m]["name"], "implemented": ok} for m, ok in methods.items()},
         "paper": config.get("paper"),
         "claims": config.get("claims") or [],
+        "text_variants": config.get("text_variants") or {},
     }

@@ -96,6 +96,23 @@ def test_kappa_picks_g_from_the_eigenvalues():
     assert factor_analysis(torch.tensor(x), kappa=0.85).n_factors == expected
 
 
+def test_the_official_count_is_one_factor_fewer_and_may_find_none():
+    x, _ = planted()
+    paper = factor_analysis(torch.tensor(x), kappa=0.85, method="eigen")
+    official = factor_analysis(torch.tensor(x), kappa=0.85, method="eigen", count="official")
+    assert official.n_factors == paper.n_factors - 1 >= 1
+    corr = np.corrcoef(x.T)
+    top = np.linalg.eigh(corr)[1][:, ::-1][:, :official.n_factors]
+    np.testing.assert_allclose(official.communalities.numpy(), (top**2).sum(1), atol=1e-10)
+    # kappa below the first eigenvalue's share: the paper's G is 1, the code's 0, every nu 0
+    first = np.linalg.eigvalsh(corr)[-1] / corr.shape[0]
+    none = factor_analysis(torch.tensor(x), kappa=first / 2, method="eigen", count="official")
+    assert none.n_factors == 0 and not none.communalities.any()
+    assert factor_analysis(torch.tensor(x), kappa=first / 2, method="eigen").n_factors == 1
+    with pytest.raises(ValueError, match="count"):
+        factor_analysis(torch.tensor(x), count="one fewer")
+
+
 def test_unit_matrix_stacks_clients_one_after_another():
     # 2 clients, 3 units, fan-in 2: column j is (client 0's unit j, client 1's unit j)
     w = torch.arange(12.0).reshape(2, 3, 2)

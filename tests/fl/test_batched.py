@@ -105,6 +105,22 @@ def test_phases_subsets_lrs_and_kept_optimizer_state():
     assert not any(k.startswith("optim.") and ".body." in k for k in got[0][0])  # Adam's phase keeps nothing
 
 
+def _head_l2(params, batch, logits):
+    return 0.05 * (params["head.weight"] ** 2).sum()
+
+
+def test_extra_losses_are_reported_apart_as_one_by_one():
+    trainer, splits, states = _setup(bn=True)
+    phases = [Phase(epochs=1, loss=_head_l2, loss_name="l2"), Phase(steps=3)]
+    expected = _one_by_one(trainer, splits, states, phases)
+    got = BatchedTrainer(trainer).fit_many(_jobs(states, splits, phases))
+    for (s1, l1), (s2, l2) in zip(expected, got):
+        _assert_close(s1, s2)
+        assert l2 == pytest.approx(l1, rel=1e-5)  # the cross-entropy
+        assert set(l2.terms) == set(l1.terms) == {"l2"} and l2.terms["l2"] == pytest.approx(l1.terms["l2"], rel=1e-5)
+        assert l2.terms["l2"] > 0.01  # a real term, apart from the cross-entropy
+
+
 def test_masked_adam_and_sgd_match_torch_optim():
     # Client 1 sits out the middle step: its parameters, moments and step count must not move then.
     torch.manual_seed(0)
@@ -158,6 +174,11 @@ def test_rounds_batched_equal_rounds_one_by_one(tiny, method):
     assert batch_sizes == [4, 4]
     (a, la), (b, lb) = runs["false"], runs["true"]
     assert lb == pytest.approx(la, rel=1e-4)
+    # the extra losses' columns: FedProx's proximal term (FedAvg and FedRep have none)
+    expected = {"proximal"} if method == "fedprox" else set()
+    assert [set(x.terms) for x in lb] == [set(x.terms) for x in la] == [expected] * 2
+    for x, y in zip(la, lb):
+        assert y.terms == pytest.approx(x.terms, rel=1e-4)
     assert a.meter.history == b.meter.history  # the same bytes, counted the same way
     for k in range(len(a.states)):
         _assert_close(a.states[k], b.states[k], atol=1e-4)

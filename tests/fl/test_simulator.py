@@ -7,6 +7,7 @@ only and its own test split holds the test images of class k. The scored models 
 test part.
 """
 
+import io
 import weakref
 
 import numpy as np
@@ -16,7 +17,8 @@ import torch
 from fedfactor.config import load_config
 from fedfactor.data.partition import Partition, labels_sha1
 from fedfactor.errors import UsageError
-from fedfactor.fl.simulator import RoundRecord, Scores, Simulator, summarize
+from fedfactor.fl.simulator import RoundRecord, Scores, Simulator, round_loss, summarize
+from fedfactor.fl.train import TrainLoss
 
 TEST_COUNTS = [1, 2, 3, 4]  # official test images of classes 0..3
 
@@ -261,3 +263,33 @@ def test_a_round_lets_go_of_each_upload_once_it_is_summed(tiny, stream_and_trim)
     per_client = len(sim.server["global"])
     assert alive == ([0, per_client, per_client, per_client] if stream_and_trim
                      else [0, per_client, 2 * per_client, 3 * per_client])
+
+
+def test_a_rounds_loss_is_the_cross_entropy_with_each_extra_loss_in_a_column_of_its_own():
+    # clients: cross-entropy 2 with an L1 term of 1, cross-entropy 4 without the term (a plan without
+    # it counts 0), one without a step (NaN: left out), 3 from a method's own loop (a plain float)
+    loss = round_loss([TrainLoss(2.0, {"l1": 1.0}), TrainLoss(4.0), float("nan"), 3.0])
+    assert float(loss) == 3.0 and loss.terms == pytest.approx({"l1": 1 / 3})
+    assert np.isnan(round_loss([float("nan")])) and round_loss([]).terms == {}
+    rec = RoundRecord(1, float(loss), 10, 10, 10, 10, 1.0, loss_terms=loss.terms)
+    row = rec.metrics()
+    assert list(row)[:3] == ["round", "train_loss", "train_l1"] and row["train_l1"] == pytest.approx(1 / 3)
+    assert RoundRecord.from_dict(rec.to_dict()) == rec
+    # a checkpoint written before the terms were reported apart loads, without them
+    old = {k: v for k, v in rec.to_dict().items() if k != "loss_terms"}
+    assert RoundRecord.from_dict(old) == RoundRecord(1, 3.0, 10, 10, 10, 10, 1.0)
+
+
+def test_a_run_records_its_extra_losses_and_checkpoints_them_weights_only(tiny):
+    sim = Simulator(load_config(None, tiny + ["method.name=fedprox", "method.mu=0.5"]))
+    records = sim.run()
+    assert [set(r.loss_terms) for r in records] == [{"proximal"}] * 2
+    assert all(r.loss_terms["proximal"] > 0 and r.metrics()["train_proximal"] == r.loss_terms["proximal"]
+               for r in records)
+    buf = io.BytesIO()
+    torch.save(sim.state_dict(), buf)
+    buf.seek(0)
+    loaded = [RoundRecord.from_dict(r) for r in torch.load(buf, weights_only=True)["records"]]
+    assert [r.metrics() for r in loaded] == [r.metrics() for r in records]
+    with pytest.raises(ValueError, match="train_"):  # a diagnostic may not take an extra loss's column
+        sim.ctx.log("train_proximal", 1.0)

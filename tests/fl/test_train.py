@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from fedfactor.fl.state import clone
-from fedfactor.fl.train import Batch, Optim, Phase, Split, Trainer
+from fedfactor.fl.train import Batch, Diverged, Optim, Phase, Split, Trainer, TrainLoss
 
 
 class Tiny(nn.Module):
@@ -177,3 +177,37 @@ def test_client_losses_compare_by_function_and_input_names_not_values():
     assert a != ClientLoss(fn, {"v": torch.tensor(1.0)})
     params = {"head.weight": torch.ones(2, 2)}
     assert float(b(params, None, None)) == 8.0  # called as a plain extra loss: fn with its own inputs
+
+
+def _constant(value):
+    """An extra loss of a known value that adds no gradient: training is that of its phase without it."""
+    return lambda params, batch, logits: logits.detach().sum() * 0 + value
+
+
+def test_the_reported_loss_is_the_cross_entropy_and_each_extra_loss_has_its_own_term():
+    trainer, split = _trainer(n=10, batch_size=4)  # 3 steps an epoch
+    state = clone(trainer.model.state_dict())
+    plain, plain_loss = trainer.fit(state, split, [Phase(steps=3), Phase(steps=3)], _gen())
+    phases = [Phase(steps=3, loss=_constant(3.0), loss_name="a"), Phase(steps=3, loss=_constant(1.0), loss_name="b")]
+    new, loss = trainer.fit(state, split, phases, _gen())
+    assert all(torch.equal(new[k], plain[k]) for k in plain)  # the same training
+    assert isinstance(loss, TrainLoss) and float(loss) == plain_loss  # the cross-entropy alone
+    # each term's mean over all six steps of the client's round: 3 * 3 / 6 and 1 * 3 / 6
+    assert loss.terms == pytest.approx({"a": 1.5, "b": 0.5})
+    # phases with the same loss_name add up to one term; the default name is "reg"
+    _, same = trainer.fit(state, split, [Phase(steps=3, loss=_constant(3.0)), Phase(steps=3, loss=_constant(1.0))],
+                          _gen())
+    assert same.terms == pytest.approx({"reg": 2.0}) and float(same) == plain_loss
+    assert plain_loss.terms == {}
+    with pytest.raises(ValueError, match="loss_name"):
+        Phase(steps=1, loss_name="loss")  # would be the column train_loss
+
+
+def test_divergence_is_judged_on_the_whole_objective():
+    trainer, split = _trainer(n=10, batch_size=4)
+    state = clone(trainer.model.state_dict())
+    _, loss = trainer.fit(state, split, [Phase(steps=3)], _gen())
+    trainer.max_loss = float(loss) + 1  # the cross-entropy alone stays below it, with the extra loss it is above
+    with pytest.raises(Diverged):
+        trainer.fit(state, split, [Phase(steps=3, loss=_constant(2.0))], _gen())
+    assert float(trainer.fit(state, split, [Phase(steps=3, loss=_constant(0.5))], _gen())[1]) == float(loss)

@@ -28,13 +28,13 @@ def test_every_layer_is_factorized_and_the_model_still_has_weights(tiny):
     assert len(layers) == 4  # cnn: 2 conv + 1 fc in the body, the head
     assert not any(isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)) for m in sim.model.modules())
     assert all(layer.weight.shape == layer.shape for layer in layers)
-    assert sim.method.match_layer == "body.7"  # the fc layer before the classifier: the paper's v^{L-1}
-    last_conv = _sim(tiny, "method.name=factorized_fl_alpha", "method.match_layer=last_conv")
-    assert last_conv.method.match_layer == "body.3"
+    assert sim.method.match_layer == "body.3"  # as run: v of the last convolution (official server.py)
+    text = _sim(tiny, "method.name=factorized_fl_alpha_text")
+    assert text.method.match_layer == "body.7"  # the fc layer before the classifier: the paper's v^{L-1}
 
 
-def test_alpha_uploads_exactly_U_and_v_before_the_head_and_downloads_U(tiny):
-    sim = _sim(tiny, "method.name=factorized_fl_alpha", *PERMUTED)
+def test_alpha_text_uploads_exactly_U_and_v_before_the_head_and_downloads_U(tiny):
+    sim = _sim(tiny, "method.name=factorized_fl_alpha_text", *PERMUTED)
     state = sim.states[0]
     U = [k for k in sim.ctx.param_keys if k.endswith(".u") and k.startswith("body.")]
     sent = sim.method.upload(0, state)
@@ -49,18 +49,22 @@ def test_alpha_uploads_exactly_U_and_v_before_the_head_and_downloads_U(tiny):
     assert down == 4 * _numel(state, U) * 4
 
 
-def test_alpha_cost_projects_from_shapes_and_beta_is_refused(tiny):
-    sim = Simulator(load_config(None, tiny + ["method.name=factorized_fl_alpha"]), dry_run=True)
+def test_alpha_cost_projects_from_shapes_and_pruned_beta_is_refused(tiny):
+    sim = Simulator(load_config(None, tiny + ["method.name=factorized_fl_alpha_text"]), dry_run=True)
     sim.run()
     state = sim.states[0]
     U = [k for k in sim.ctx.param_keys if k.endswith(".u") and k.startswith("body.")]
     assert sim.meter.up == 2 * 4 * 4 * (_numel(state, U) + state["body.7.v"].numel())
     with pytest.raises(Exception, match="depends on trained values"):
-        Simulator(load_config(None, tiny + ["method.name=factorized_fl_beta"]), dry_run=True)
+        Simulator(load_config(None, tiny + ["method.name=factorized_fl_beta_text"]), dry_run=True)
+    # as run, M travels unpruned: its size no longer depends on trained values
+    dense = Simulator(load_config(None, tiny + ["method.name=factorized_fl_beta"]), dry_run=True)
+    dense.run()
+    assert dense.meter.up == 2 * 4 * 4 * _numel(dense.states[0], dense.method.shared)
 
 
 def test_beta_sends_U_V_and_M_with_M_counted_as_its_non_zeros(tiny):
-    sim = _sim(tiny, "method.name=factorized_fl_beta", "method.mu_threshold=1e-3", *PERMUTED)
+    sim = _sim(tiny, "method.name=factorized_fl_beta_text", "method.mu_threshold=1e-3", *PERMUTED)
     sim.run_round(1)
     up, _ = sim.meter.history[-1]
     expected, nonzero, entries = 0, 0, 0
@@ -82,7 +86,7 @@ def test_beta_sends_U_V_and_M_with_M_counted_as_its_non_zeros(tiny):
 
 
 def test_sparse_mu_round_trips_through_the_server(tiny):
-    sim = _sim(tiny, "method.name=factorized_fl_beta", "method.tau=2")  # tau > 1: only itself
+    sim = _sim(tiny, "method.name=factorized_fl_beta_text", "method.tau=2")  # tau > 1: only itself
     sim.run_round(1)
     payload = sim.method.download(sim.server, 2)
     mu_key = sim.method.mu_keys[0]
@@ -93,7 +97,7 @@ def test_sparse_mu_round_trips_through_the_server(tiny):
 
 
 def test_a_threshold_above_every_score_leaves_each_client_with_its_own_U(tiny):
-    sim = _sim(tiny, "method.name=factorized_fl_alpha", "method.tau=1.5")
+    sim = _sim(tiny, "method.name=factorized_fl_alpha_text", "method.tau=1.5")
     sim.run_round(1)
     W = sim.server["weights"]
     assert torch.equal(W, torch.eye(4, dtype=W.dtype))
@@ -103,7 +107,7 @@ def test_a_threshold_above_every_score_leaves_each_client_with_its_own_U(tiny):
 
 
 def test_similarity_weights_are_a_softmax_over_the_matched_clients(tiny):
-    sim = _sim(tiny, "method.name=factorized_fl_alpha", "method.tau=0", "method.epsilon=5")
+    sim = _sim(tiny, "method.name=factorized_fl_alpha_text", "method.tau=0", "method.epsilon=5")
     sim.run_round(1)
     keys = torch.stack([sim.states[k]["body.7.v"].reshape(-1) for k in range(4)]).double()
     cos = torch.nn.functional.cosine_similarity(keys.unsqueeze(1), keys.unsqueeze(0), dim=2)
@@ -120,7 +124,7 @@ def test_similarity_weights_are_a_softmax_over_the_matched_clients(tiny):
 
 
 def test_l1_pulls_mu_towards_zero_only_in_paper_mode(tiny):
-    sim = _sim(tiny, "method.name=factorized_local", "method.l1=0.01")
+    sim = _sim(tiny, "method.name=factorized_local", "method.l1=0.01", "method.l1_mode=paper")
     (phase,) = sim.method.plan(0, sim.states[0], {})
     params = {k: torch.randn_like(p).requires_grad_() for k, p in sim.model.named_parameters()}
     phase.loss(params, None, None).backward()
@@ -136,8 +140,9 @@ def test_l1_pulls_mu_towards_zero_only_in_paper_mode(tiny):
         s.run_round(1)
         return s.states[0][s.method.mu_keys[0]]
 
-    assert not torch.equal(trained("method.l1=0.01"), trained("method.l1=0"))
+    assert not torch.equal(trained("method.l1=0.01", "method.l1_mode=paper"), trained("method.l1=0"))
     assert torch.equal(trained("method.l1=0.01", "method.l1_mode=official"), trained("method.l1=0"))
+    assert torch.equal(trained("method.l1=0.01"), trained("method.l1=0"))  # as run: official
 
 
 def test_mu_is_pruned_when_evaluated_and_counted_per_round(tiny):
@@ -158,7 +163,8 @@ def test_mu_is_pruned_when_evaluated_and_counted_per_round(tiny):
 ])
 def test_with_one_client_every_method_is_local_training(tiny, name, reference):
     base = [*tiny, "fl.clients=1", "fl.rounds=2"]
-    params = ["method.mu_threshold=0"]  # nothing pruned in transit, so nothing differs
+    # nothing pruned in transit, and no head reset (factorized_local shares nothing to reset for)
+    params = ["method.mu_threshold=0", "method.reset_head=false"]
     if name.startswith("simfed") and reference != "local":
         params += ["method.layout=simfed", "method.l1=1e-4"]
 
@@ -266,3 +272,63 @@ def test_bad_hyperparameters_are_one_line_errors(tiny):
                 "method.criteria_inputs=0"):
         with pytest.raises(UsageError, match=f"^{bad.split('=')[0]} must be"):
             load_config(None, tiny + ["method.name=simfed", bad])
+
+
+# -- as run: the official code's behaviour is the default ----------------------------------------
+
+def test_alpha_as_run_shares_every_body_entry_but_v_and_mu_and_sends_v_of_the_last_conv(tiny):
+    sim = _sim(tiny, "method.name=factorized_fl_alpha", *PERMUTED)
+    state = sim.states[0]
+    body = [k for k in sim.ctx.param_keys if k.startswith("body.")]
+    assert set(sim.method.shared) == {k for k in body if not k.endswith((".v", ".mu"))}
+    assert any(k.endswith(".bias") for k in sim.method.shared)  # the cnn's conv and fc biases
+    sent = sim.method.upload(0, state)
+    assert set(sent) == {*sim.method.shared, MATCH}
+    assert torch.equal(sent[MATCH], state["body.3.v"].reshape(-1))
+
+
+def test_beta_as_run_sends_M_dense_and_counts_all_of_it(tiny):
+    sim = _sim(tiny, "method.name=factorized_fl_beta", *PERMUTED)
+    sim.run_round(1)
+    up, _ = sim.meter.history[-1]
+    assert up == 4 * 4 * _numel(sim.states[0], sim.method.shared)  # 4 clients, every entry float32
+    mu_keys = [k for k in sim.method.mu_keys if k in sim.method.shared]
+    payload = sim.method.download(sim.server, 0)
+    assert mu_keys and all(k in payload for k in mu_keys) and not any(k.endswith(BITS) for k in payload)
+    # unpruned: entries below the threshold travel too (the official server mixes them)
+    small = {k: sim.states[0][k].abs() < sim.method.hp.mu_threshold for k in mu_keys}
+    assert any(m.any() for m in small.values())
+    sent = sim.method.upload(0, sim.states[0])
+    assert all(torch.equal(sent[k], sim.states[0][k]) for k in mu_keys)
+
+
+@pytest.mark.parametrize("permuted,expected", [(False, 4), (True, 2)])
+def test_minimum_aggr_zero_is_the_official_count_all_clients_or_half_under_permuted_labels(tiny, permuted,
+                                                                                           expected):
+    extra = PERMUTED if permuted else []
+    sim = _sim(tiny, "method.name=factorized_fl_alpha", "method.tau=1.5", *extra)  # tau above every score
+    sim.run_round(1)
+    assert ((sim.server["weights"] > 0).sum(1) == expected).all()
+
+
+def test_head_is_reset_to_the_initial_head_only_where_heads_are_shared(tiny):
+    for extra, reset in (([], True), (PERMUTED, False)):
+        sim = _sim(tiny, "method.name=factorized_fl_alpha", *extra)
+        init = {k: sim.states[0][k].clone() for k in sim.ctx.head_keys}
+        sim.run_round(1)
+        got = sim.method.receive(0, sim.states[0], sim.method.download(sim.server, 0))
+        same = all(torch.equal(got[k], init[k]) for k in init)
+        assert same == reset
+
+
+def test_a_run_that_matched_nobody_says_so_with_the_best_similarity_against_tau(tiny):
+    sim = _sim(tiny, "method.name=factorized_fl_alpha_text", "method.tau=1.5")  # nobody reaches 1.5
+    records = sim.run()
+    diagnostics = [r.diagnostics for r in records]
+    best = max(d["similarity_max_other"] for d in diagnostics)
+    assert all(d["matched_clients_mean"] == 1 for d in diagnostics) and -1 <= best <= 1
+    (line,) = sim.method.run_warnings(diagnostics)
+    assert "matched no other client in any of its 2 rounds" in line
+    assert f"{best:.4f}" in line and "method.tau=1.5" in line
+    matched = _sim(tiny, "method.name=factorized_fl_alpha_text", "method.tau=-1")
+    assert matched.method.run_warnings([r.diagnostics for r in matched.run()]) == []

@@ -97,6 +97,7 @@ def test_two_rounds_train_the_own_model_and_cost_what_fedavg_costs(tiny, capsys)
     sim = _sim(tiny)
     records = sim.run()
     assert records[-1].test.mean > 0.3  # ten classes: chance is 0.1
+    assert [set(r.loss_terms) for r in records] == [{"proximal"}] * 2  # metrics.csv: train_proximal
     per_round = 4 * CNN_FLOATS * 4  # 4 clients x one model x 4 bytes, each way
     assert [r.bytes_up_round for r in records] == [r.bytes_down_round for r in records] == [per_round] * 2
     # the client is scored with its own model: receiving the cloud model does not replace it

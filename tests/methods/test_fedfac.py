@@ -13,10 +13,19 @@ from fedfactor.methods.fedfac import MASK
 FC = "body.7"
 
 
+# These tests exercise the factor-analysis split, so they start from the text's rule (units at or above
+# the mean communality shared, a unit's bias and BN with it); the as-run default (tau = +inf: no unit
+# of Lambda shared) has tests of its own below. A test's own settings come after and win.
+TEXT = ["method.tau=mean", "method.fa_method=principal", "method.unit_params=follow", "method.factors=paper"]
+
+
 def _sim(tiny, *extra):
     # A few principal-factor iterations keep these tests fast; tests/analysis/test_factor.py checks
-    # the converged estimate.
-    fast = ["method.max_iter=3"] if any(e.startswith("method.name=fedfac") for e in extra) else []
+    # the converged estimate. The variants that set their own tau (random split, masks) keep it.
+    fast = []
+    if any(e.startswith("method.name=fedfac") for e in extra):
+        own_tau = any(e.startswith(("method.name=fedfac_random", "method.name=fedfac_mask")) for e in extra)
+        fast = ["method.max_iter=3", *(TEXT[1:] if own_tau else TEXT)]
     return Simulator(load_config(None, tiny + fast + list(extra)))
 
 
@@ -92,11 +101,11 @@ def test_batchnorm_follows_its_conv_and_running_statistics_stay_local(tiny):
     ctx.buffer_keys = [k for k, b in model.named_buffers() if b.is_floating_point()]
     ctx.float_keys = [*ctx.param_keys, *ctx.buffer_keys]
     ctx.head_keys = ["head.weight", "head.bias"]
-    method = METHODS.get("fedfac")(layers=[8])
+    method = METHODS.get("fedfac_text")(layers=[8])
     method.bind(ctx)
     assert method.units[8] == ["body.6.0.weight", "body.6.1.weight", "body.6.1.bias"]
     assert not any("running" in k for k in method.shared)
-    shared_stats = METHODS.get("fedfac")(layers=[8], share_bn_stats=True)
+    shared_stats = METHODS.get("fedfac_text")(layers=[8], share_bn_stats=True)
     shared_stats.bind(ctx)
     assert "body.6.1.running_mean" in shared_stats.units[8] and "body.0.1.running_var" in shared_stats.shared
 
@@ -203,10 +212,25 @@ def test_tau_accepts_numbers_and_quantiles_from_the_command_line(tiny):
 def test_client_weights_and_split_history_are_kept_for_diagnostics(tiny, tmp_path):
     from fedfactor.job import train
 
-    cfg = load_config(None, tiny + ["method.name=fedfac", "method.max_iter=3"])
+    cfg = load_config(None, tiny + ["method.name=fedfac", "method.max_iter=3", *TEXT])
     summary = train(cfg, tmp_path / "run")
     weights = np.load(tmp_path / "run" / "client_weights.npz", allow_pickle=False)
     assert summary["analysed_layers"] == {"3": FC}
     assert weights[f"{FC}.weight"].shape == (4, 512, 256)
     history = sorted((tmp_path / "run" / "diagnostics" / "fedfac.shared.3").glob("round_*.npy"))
     assert len(history) == 2 and set(np.unique(np.load(history[0]))) <= {0, 1}
+
+
+def test_as_run_keeps_every_unit_of_lambda_personal_with_its_bias_and_runs_no_analysis(tiny):
+    sim = Simulator(load_config(None, tiny + ["method.name=fedfac", "fl.rounds=2"]))
+    m = sim.method
+    assert (m.hp.tau, m.hp.fa_method, m.hp.unit_params, m.hp.factors) == ("inf", "eigen", "local", "official")
+    assert m.layers == {3: FC} and m.fixed == float("inf")
+    assert not any(k.startswith(FC + ".") for k in m.shared)  # weight and bias: nothing of Lambda sent
+    sim.run()
+    sent = m.upload(0, sim.states[0])
+    assert all(not k.startswith(FC + ".") or k.startswith(MASK) for k in sent)
+    text = Simulator(load_config(None, tiny + ["method.name=fedfac_text", "method.max_iter=3", "fl.rounds=1"]))
+    assert (text.method.hp.tau, text.method.hp.fa_method, text.method.hp.unit_params) == \
+        ("mean", "principal", "follow")
+    assert text.method.fixed is None  # the text's split needs the analysis every round

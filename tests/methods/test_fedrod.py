@@ -93,7 +93,9 @@ def test_one_step_trains_body_and_generic_head_on_the_balanced_loss_and_the_pers
     assert torch.allclose(new["phead.bias"], torch.tensor([b, -b]), atol=1e-6)
     body = 1 + 2 * a + (2 * b if body_loss == "both" else 0.0)  # generic: features detached for the personal head
     assert new["body.weight"].item() == pytest.approx(body, rel=1e-6)
-    assert loss == pytest.approx(math.log(1 + 1 / (3 * math.e**2)) + math.log(1 + math.exp(-4)), rel=1e-6)
+    # reported apart: the personal loss (of the prediction g + p) as the loss, the balanced one as a term
+    assert loss == pytest.approx(math.log(1 + math.exp(-4)), abs=1e-7)
+    assert loss.terms == {"balanced": pytest.approx(math.log(1 + 1 / (3 * math.e**2)), abs=1e-7)}
     assert torch.equal(state["head.bias"], torch.zeros(2))  # the input state is not touched
 
 
@@ -121,6 +123,7 @@ def test_two_rounds_train_and_send_what_fedavg_sends(tiny):
     records = sim.run()
     assert records[-1].test.mean > 0.3  # ten classes: chance is 0.1
     assert records[-1].train_loss < records[0].train_loss
+    assert [set(r.loss_terms) for r in records] == [{"balanced"}] * 2  # metrics.csv: train_balanced
     fedavg_bytes = 4 * (BODY_FLOATS + HEAD_FLOATS) * 4  # clients x floats x 4 B
     assert [r.bytes_up_round for r in records] == [r.bytes_down_round for r in records] == [fedavg_bytes] * 2
     assert sim.meter.up == sim.meter.down == 2 * fedavg_bytes

@@ -29,11 +29,11 @@ def _softplus(v):
     return math.log1p(math.exp(v))
 
 
-def test_one_step_trains_the_kept_blocks_and_the_gate_with_one_loss():
-    # Linear(4, 2) on 1x2x2 inputs, W = [[1, 2, 3, 4], [5, 6, 7, 8]], b = [1, -1]; split 2, s = 0.8:
-    # blocks W row 0, W row 1, b_0, b_1 with scores 0.9, 0.95, 0.6, 0.3 -> weights 0.9, 0 (does not
-    # fit the budget), 0.6, 0.5 (floored): nn/test_gate.py works these out.
-    method = METHODS.get("pfedgate")(split=2, sparsity=0.8, gate_lr=0.5)
+def _bound(momentum=0.0, **hp):
+    """pFedGate on the Linear(4, 2) below, one batch of two samples labelled 1, SGD lr 1, and a client
+    whose gate scores are fixed at 0.9, 0.95, 0.6, 0.3 for the blocks W row 0, W row 1, b_0, b_1
+    (split 2): (method, state)."""
+    method = METHODS.get("pfedgate")(split=2, gate_lr=0.5, **hp)
     backbone = HeadedModel(nn.Flatten(), nn.Linear(4, 2))
     with torch.no_grad():
         backbone.head.weight.copy_(torch.arange(1.0, 9.0).view(2, 4))
@@ -45,7 +45,7 @@ def test_one_step_trains_the_kept_blocks_and_the_gate_with_one_loss():
     ctx = Context(model=model, num_clients=1, train_sizes=[2], param_keys=params,
                   buffer_keys=[k for k, b in model.named_buffers() if b.is_floating_point()],
                   head_keys=["backbone.head.weight", "backbone.head.bias"], head_local=False, epochs=1,
-                  optim=Optim("sgd", lr=1.0), fit=None, evaluate=None, split=None,
+                  optim=Optim("sgd", lr=1.0, momentum=momentum), fit=None, evaluate=None, split=None,
                   batches=lambda k, epochs=None, steps=None, split="train", seed=None: iter([batch]),
                   log=lambda n, v: None, input_shape=(1, 2, 2))
     method.bind(ctx)
@@ -53,7 +53,21 @@ def test_one_step_trains_the_kept_blocks_and_the_gate_with_one_loss():
     logits = [0.9, 0.95, 0.6, 0.3]
     state["gate.3.weight"] = torch.zeros(4)  # the gate says these scores whatever the input
     state["gate.3.bias"] = torch.tensor([math.log(p / (1 - p)) for p in logits])
+    return method, state
+
+
+def _one_step(**hp):
+    """One local step of `_bound`'s client: (state, new, loss)."""
+    method, state = _bound(**hp)
     new, loss = method.local_train(0, state, {})
+    return state, new, loss
+
+
+def test_one_step_trains_the_kept_blocks_and_the_gate_with_one_loss():
+    # Linear(4, 2) on 1x2x2 inputs, W = [[1, 2, 3, 4], [5, 6, 7, 8]], b = [1, -1]; split 2, s = 0.8,
+    # the paper's style: weights 0.9, 0 (does not fit the budget), 0.6, 0.5 (floored): nn/test_gate.py
+    # works these out.
+    state, new, loss = _one_step(sparsity=0.8, style="paper")
     # gated logits (5.1, -0.5) and (9.6, -0.5), both labelled 1: dL/dz_n = (s_n, -s_n) / 2, s_n = sigmoid(gap)
     s1, s2 = 1 / (1 + math.exp(-5.6)), 1 / (1 + math.exp(-10.1))
     assert loss == pytest.approx((_softplus(5.6) + _softplus(10.1)) / 2, rel=1e-6)
@@ -69,6 +83,50 @@ def test_one_step_trains_the_kept_blocks_and_the_gate_with_one_loss():
     expected = torch.tensor([-0.5 * 0.9 * 0.1 * (5 * s1 + 10 * s2) / 2, 0.0, -0.5 * 0.6 * 0.4 * (s1 + s2) / 2, 0.0])
     assert torch.allclose(shift, expected, atol=1e-6)
     assert torch.equal(state["backbone.head.weight"], torch.arange(1.0, 9.0).view(2, 4))  # input untouched
+
+
+def test_one_official_step_scales_by_raw_scores_and_adds_the_codes_straight_through_gradient():
+    # s = 0.9 in the code's way (nn/test_gate.py): weights 0.9, 0 (W row 1 dropped), 0.6, 0.3 (raw).
+    # Gated logits (5.1, -0.3) and (9.6, -0.3), both labelled 1: gaps 5.4 and 9.9.
+    state, new, loss = _one_step(sparsity=0.9)
+    s1, s2 = 1 / (1 + math.exp(-5.4)), 1 / (1 + math.exp(-9.9))
+    assert loss == pytest.approx((_softplus(5.4) + _softplus(9.9)) / 2, rel=1e-6)
+    g = (s1 * torch.tensor([1.0, 0.0, 0.0, 1.0]) + s2 * torch.ones(4)) / 2
+    assert torch.allclose(new["backbone.head.weight"][0], torch.tensor([1.0, 2, 3, 4]) - 0.9 * g, atol=1e-6)
+    assert torch.equal(new["backbone.head.weight"][1], torch.tensor([5.0, 6, 7, 8]))
+    assert torch.allclose(new["backbone.head.bias"], torch.tensor([1 - 0.3 * (s1 + s2), -1 + 0.15 * (s1 + s2)]),
+                          atol=1e-6)
+    # the gate, lr 0.5: p(1 - p) x sum over the block of W * dL/d(gated W), times 1 + p for the kept
+    # blocks above the floor 0.5 (W row 0: 1.9, b_0: 1.6); b_1 (0.3, below the floor) learns through its
+    # raw score only; the dropped block gets nothing
+    shift = new["gate.3.bias"] - state["gate.3.bias"]
+    expected = -0.5 * torch.tensor([0.9 * 0.1 * 1.9 * (5 * s1 + 10 * s2) / 2, 0.0,
+                                     0.6 * 0.4 * 1.6 * (s1 + s2) / 2, 0.3 * 0.7 * (s1 + s2) / 2])
+    assert torch.allclose(shift, expected, atol=1e-6)
+
+
+def test_each_client_keeps_its_optimizer_state_between_rounds_and_never_sends_it():
+    # SGD lr 1, momentum 0.9: a round's first step leaves its gradient as the momentum buffer, which
+    # the client's next round adds, times 0.9, to its first step (the code keeps each client's
+    # optimizers); with keep_optimizer off the next round starts without it.
+    runs = {}
+    for keep in (True, False):
+        method, state = _bound(momentum=0.9, sparsity=0.9, keep_optimizer=keep)
+        first, _ = method.local_train(0, state, {})
+        runs[keep] = first, method.local_train(0, first, {})[0]
+    (first, kept), (_, restarted) = runs[True], runs[False]
+    params = ["backbone.head.weight", "backbone.head.bias", "gate.0.weight", "gate.0.bias", "gate.0.mean_weight",
+              "gate.0.var_weight", "gate.2.weight", "gate.2.bias", "gate.3.weight", "gate.3.bias"]
+    assert sorted(k for k in first if k.startswith("optim.")) == sorted(
+        f"optim.pfedgate.{n}.momentum_buffer" for n in params)
+    assert not any(k.startswith("optim.") for k in runs[False][0])
+    buf = first["optim.pfedgate.backbone.head.weight.momentum_buffer"]
+    assert torch.allclose(buf, torch.arange(1.0, 9.0).view(2, 4) - first["backbone.head.weight"], atol=1e-6)
+    assert buf[0].abs().sum() > 0 and torch.equal(buf[1], torch.zeros(4))  # W row 1 is dropped
+    for name, lr in (("backbone.head.weight", 1.0), ("gate.3.bias", 0.5)):  # the gate's own lr
+        assert torch.allclose(restarted[name] - kept[name],
+                              lr * 0.9 * first[f"optim.pfedgate.{name}.momentum_buffer"], atol=1e-6)
+    assert not any(k.startswith("optim.") for k in method.upload(0, kept))
 
 
 def test_the_gate_is_never_sent_and_the_shared_model_is_averaged_as_fedavg(tiny):
@@ -140,6 +198,8 @@ def test_a_new_client_gets_the_initial_gate_and_the_global_model(tiny):
     ("method.sparsity=0", "method.sparsity"), ("method.sparsity=1.5", "method.sparsity"),
     ("method.split=0", "method.split"), ("method.gate_lr=0", "method.gate_lr"),
     ("method.gate_lr=fast", "method.gate_lr"), ("method.clip=-1", "method.clip"), ("method.mask=1", "mask"),
+    ("method.style=text", "method.style"),
+    ("method.split=1", "method.split"),  # the code's budget (s - floor) x entries is 0: every block dropped
 ])
 def test_bad_hyperparameters_are_one_line_usage_errors(tiny, bad, key):
     with pytest.raises(UsageError) as e:

@@ -75,7 +75,9 @@ def test_the_teacher_is_the_previous_personalised_model_not_the_received_one():
     # gradient at the student's logits: CE (1/2 - 1, 1/2) + lambda T (q - p_teacher) = (-1/2, 1/2) + (-1/4, 1/4)
     assert torch.allclose(new["head.bias"], torch.tensor([0.75, -0.75]))
     assert torch.allclose(new["head.weight"], torch.tensor([[0.75], [-0.75]]))
-    assert loss == pytest.approx(math.log(2) + 0.75 * math.log(1.5) + 0.25 * math.log(0.5), rel=1e-6)
+    # reported apart: the cross-entropy ln 2 as the loss, KL(p_teacher || q) as the term train_distill
+    assert loss == pytest.approx(math.log(2), rel=1e-6)
+    assert loss.terms == {"distill": pytest.approx(0.75 * math.log(1.5) + 0.25 * math.log(0.5), rel=1e-6)}
     # this round's model is the next round's teacher
     assert torch.equal(new[TEACHER + "head.bias"], new["head.bias"])
     assert torch.equal(state[TEACHER + "head.bias"], torch.tensor([math.log(3), 0.0]))  # input untouched
@@ -117,6 +119,8 @@ def test_two_rounds_train_send_fedavgs_bytes_and_score_the_personalised_model(ti
     records = sim.run()
     assert records[-1].test.mean > 0.3  # ten classes: chance is 0.1
     assert records[-1].train_loss < records[0].train_loss
+    # the distillation term is reported apart (train_distill), from the second round, the first with a teacher
+    assert [set(r.loss_terms) for r in records] == [set(), {"distill"}] and records[1].loss_terms["distill"] > 0
     assert [r.bytes_up_round for r in records] == [r.bytes_down_round for r in records] == [4 * CNN_FLOATS * 4] * 2
     assert not any(key.startswith(TEACHER) for key in sent[0])
     # under eval.model received, a client is scored with its own last trained model, not the global one

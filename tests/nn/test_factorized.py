@@ -407,3 +407,28 @@ def test_scaled_init_starts_at_the_replaced_layers_weight_scale():
         assert official < 0.7 * layer.weight.std()  # why the option exists: Xavier factors start small
     with pytest.raises(ValueError, match="init"):
         Factorized(nn.Linear(4, 4), init="zeros")
+
+
+def test_official_mu_init_starts_dense_mu_xavier_and_conv_mu_at_zero():
+    torch.manual_seed(0)
+    linear, conv = nn.Linear(40, 30), nn.Conv2d(3, 8, 3)
+    dense = Factorized(linear, mu_init="official")
+    bound = (6 / (40 + 30)) ** 0.5  # Xavier-uniform on the 40 x 30 matrix mu (I x O)
+    assert dense.mu.abs().max() <= bound and dense.mu.abs().min() > 0
+    assert dense.mu.std() > bound / 3  # spread over the range, not near zero: full rank from the start
+    assert torch.linalg.matrix_rank(dense.matrix().detach()) == 30
+    assert torch.count_nonzero(Factorized(conv, mu_init="official").mu) == 0
+    assert torch.count_nonzero(Factorized(linear, mu_init="zero").mu) == 0
+    assert torch.count_nonzero(Factorized(linear).mu) == 0  # the layer's default: the paper's zero
+
+
+def test_official_bias_init_is_xavier_of_a_one_by_O_matrix():
+    torch.manual_seed(0)
+    linear = nn.Linear(256, 10)
+    kept = Factorized(linear, bias_init="layer")
+    assert torch.equal(kept.bias, linear.bias)
+    redrawn = Factorized(linear, bias_init="official").bias
+    bound = (6 / (1 + 10)) ** 0.5  # 0.74, against nn.Linear's 1 / sqrt(256) = 0.0625
+    assert redrawn.abs().max() <= bound and redrawn.abs().max() > 1 / 256 ** 0.5
+    with pytest.raises(ValueError, match="mu_init"):
+        Factorized(linear, mu_init="xavier")

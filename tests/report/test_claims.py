@@ -22,11 +22,11 @@ def _run(root, scenario, label, seed, acc, nbytes=1e9, dataset="cifar10", new_cl
     }))
 
 
-def _study(claims, smoke=False, implemented=("a", "b", "local")):
+def _study(claims, smoke=False, implemented=("a", "b", "local"), text_variants=None):
     methods = {m: {"name": m, "implemented": m in implemented} for m in ("a", "b", "c", "local")}
     return StudySpec.model_validate({
         "study": "toy", "title": "toy study", "smoke": smoke, "seeds": [0, 1, 2], "scenarios": ["s1", "s2"],
-        "methods": methods, "claims": claims,
+        "methods": methods, "claims": claims, "text_variants": text_variants or {},
     })
 
 
@@ -153,7 +153,7 @@ def test_files_and_smoke_flags(runs, tmp_path):
     evaluate_claims(study, [runs / "runs"], out)
     md = (out / "claims.md").read_text()
     assert md.startswith("# Claims: toy study") and "SMOKE" not in md
-    assert "| yes | **reproduced** |" in md and "1 claims: 1 reproduced, 0 not reproduced, 0 not run" in md
+    assert "| yes |  | **reproduced** |" in md and "1 claims: 1 reproduced, 0 not reproduced, 0 not run" in md
     assert "own test split" in md and "best round of the test-size-weighted mean" in md
     html = (out / "claims.html").read_text()
     assert html.startswith("<!DOCTYPE html>") and 'class="reproduced"' in html
@@ -175,3 +175,24 @@ def test_a_study_without_claims_and_without_runs(tmp_path):
     assert frame.empty and "This study lists no claims." in (tmp_path / "claims.md").read_text()
     frame = evaluate_claims(_study([_claim("x", kind="order", a="a", b="b", scenarios=["s1"])]), [], tmp_path)
     assert frame["verdict"].tolist() == ["not run"] and "no runs yet" in (tmp_path / "claims.md").read_text()
+
+
+def test_a_claim_about_an_as_run_method_is_checked_again_with_its_text_variant(runs, tmp_path):
+    for seed, acc in enumerate([0.50, 0.52, 0.54]):  # c, a's text variant: mean 52, below b's 65.67
+        _run(runs, "s1", "c", seed, acc)
+    study = _study([_claim("above", kind="order", a="a", b="b", scenarios=["s1"]),
+                    _claim("other", kind="order", a="b", b="local", scenarios=["s1"])],
+                   implemented=("a", "b", "c", "local"), text_variants={"a": "c"})
+    frame = evaluate_claims(study, [runs / "runs"], tmp_path / "out")
+    rows = {(r.id, r.mode): r for r in frame.itertuples()}
+    assert set(rows) == {("above", "as run"), ("above", "text"), ("other", "")}
+    assert rows["above", "as run"].verdict == "reproduced"
+    assert rows["above", "text"].verdict == "not reproduced"
+    assert "c 52.00 vs b 65.67" in rows["above", "text"].observed
+    md = (tmp_path / "out" / "claims.md").read_text()
+    assert "| above | text | **not reproduced** |" in md and "'text'" in md
+
+
+def test_text_variants_must_name_listed_methods():
+    with pytest.raises(ValueError, match="text_variants names method 'nope'"):
+        _study([], text_variants={"a": "nope"})

@@ -82,12 +82,18 @@ def _top(matrix: torch.Tensor, g: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def factor_analysis(z: torch.Tensor, kappa: float = 0.85, method: FAMethod = "principal",
-                    n_factors: int | None = None, max_iter: int = 100, tol: float = 1e-4) -> FactorResult:
+                    n_factors: int | None = None, max_iter: int = 100, tol: float = 1e-4,
+                    count: str = "paper") -> FactorResult:
     """Factor analysis of the columns of z (n rows, d columns): see the module docstring.
 
-    kappa picks G from the eigenvalues of R unless n_factors is given. max_iter=0 returns the
-    starting loadings (principal components scaled by sqrt(eigenvalue)).
+    kappa picks G from the eigenvalues of R unless n_factors is given: `count="paper"` is the
+    definition above; "official" is FedFac's code (ffair/FedFac), whose loop stops counting at the
+    eigenvalue that reaches kappa, one factor fewer, and may give G = 0 (no factor: every
+    communality 0). max_iter=0 returns the starting loadings (principal components scaled by
+    sqrt(eigenvalue)).
     """
+    if count not in ("paper", "official"):
+        raise ValueError(f"count must be 'paper' or 'official' (got {count!r})")
     if method not in ("principal", "eigen"):
         raise ValueError(f"method must be 'principal' or 'eigen' (got {method!r})")
     if z.dim() != 2:
@@ -111,7 +117,9 @@ def factor_analysis(z: torch.Tensor, kappa: float = 0.85, method: FAMethod = "pr
     r = zs.T @ zs / n
     r = (r + r.T) / 2
     eigenvalues = torch.linalg.eigvalsh(r).flip(0)
-    g = n_factors if n_factors is not None else n_factors_for(eigenvalues, kappa)
+    g = n_factors if n_factors is not None else n_factors_for(eigenvalues, kappa) - (count == "official")
+    if g == 0 and n_factors is None:  # the official count found no factor
+        return FactorResult(eigenvalues, 0, loadings.new_zeros(d, 0), communalities, constant, 0, True)
     g = max(1, min(int(g), int(keep.sum())))
     values, vectors = _top(r, g)
     iterations, converged = 0, True

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
 from .state import State
-from .train import Batch, ClientLoss, Diverged, Phase, Split, Trainer, mean_loss
+from .train import Batch, ClientLoss, Diverged, Phase, Split, Trainer, train_loss
 
 ADAM_EPS = 1e-8  # torch.optim.Adam's default, which Trainer uses
 
@@ -41,9 +41,9 @@ class BatchedTrainer:
 
     def fit_many(self, jobs: Sequence[tuple[State, Split, torch.Generator, Sequence[Phase]]]
                  ) -> list[tuple[State, float] | Diverged]:
-        """Train each (state, split, generator, phases); per client (new state, mean loss), or the
-        Diverged that Trainer.fit would have raised for it. The clients' phases must compare equal
-        (they may differ only in the inputs of a ClientLoss)."""
+        """Train each (state, split, generator, phases); per client (new state, mean loss: a TrainLoss
+        as Trainer.fit's), or the Diverged that Trainer.fit would have raised for it. The clients'
+        phases must compare equal (they may differ only in the inputs of a ClientLoss)."""
         phases = jobs[0][3]
         if any(list(p) != list(phases) for *_, p in jobs):
             raise ValueError("fit_many needs clients with equal plans")
@@ -54,6 +54,7 @@ class BatchedTrainer:
         outs = [dict(job[0]) for job in jobs]
         device = tr.x.device
         total = torch.zeros(len(jobs), device=device)
+        task, terms = torch.zeros(len(jobs), device=device), {}  # the cross-entropy, each extra loss by name
         steps = torch.zeros(len(jobs), dtype=torch.long)
         for j, phase in enumerate(phases):
             names = params if phase.params is None else list(phase.params)
@@ -64,14 +65,16 @@ class BatchedTrainer:
                 # a ClientLoss's inputs, one entry per client, stacked like the parameters
                 inputs = ({key: torch.stack([job[3][j].loss.inputs[key] for job in jobs]) for key in phase.loss.inputs}
                           if isinstance(phase.loss, ClientLoss) else {})
-                self._run(phase, names, stacked, inputs, jobs, outs, total, steps)
+                term = None if phase.loss is None else terms.setdefault(phase.loss_name, torch.zeros_like(total))
+                self._run(phase, names, stacked, inputs, jobs, outs, (total, task, term), steps)
         results: list[tuple[State, float] | Diverged] = []
         for i, out in enumerate(outs):
             if not steps[i]:
                 results.append((out, float("nan")))
                 continue
             try:
-                loss = mean_loss(total[i], int(steps[i]), tr.max_loss)
+                loss = train_loss(total[i], task[i], {name: t[i] for name, t in terms.items()}, int(steps[i]),
+                                  tr.max_loss)
             except Diverged as e:
                 results.append(e)
                 continue
@@ -80,7 +83,9 @@ class BatchedTrainer:
         return results
 
     def _run(self, phase: Phase, names: list[str], stacked: State, inputs: State, jobs, outs: list[State],
-             total: torch.Tensor, steps: torch.Tensor) -> None:
+             sums: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], steps: torch.Tensor) -> None:
+        """One phase for every client; adds each client's step losses to `sums` (the objective's,
+        the cross-entropy's, and the extra loss's, or None without one) and counts its steps."""
         tr = self.trainer
         optim = phase.optim or tr.optim
         lrs = {n: float(phase.lr.get(n, optim.lr)) for n in names}
@@ -117,15 +122,20 @@ class BatchedTrainer:
                 extra = {k: pick(v) for k, v in inputs.items()}
                 x, y, weight = _stack([drawn[i] for i in group])
                 with tr.autocast():
-                    losses = vmap(loss_fn, in_dims=(0, 0, 0, 0, None if weight is None else 0, 0),
-                                  randomness="different")(trained, others, x, y, weight, extra)
+                    losses, *parts = vmap(loss_fn, in_dims=(0, 0, 0, 0, None if weight is None else 0, 0),
+                                          randomness="different")(trained, others, x, y, weight, extra)
                 g = torch.autograd.grad(losses.sum(), list(trained.values()))
                 with torch.no_grad():
+                    for acc, values in zip(sums, (losses, *parts)):
+                        if acc is None:
+                            continue
+                        if whole:
+                            acc += values.detach().float()
+                        else:
+                            acc.index_add_(0, index.to(acc.device), values.detach().float())
                     if whole:
-                        total += losses.detach().float()
                         grads = dict(zip(names, g))
                     else:
-                        total.index_add_(0, index.to(total.device), losses.detach().float())
                         for k, v in others.items():  # BatchNorm statistics updated in the picked copy
                             if k in self.buffers:
                                 stacked[k].index_copy_(0, index, v)
@@ -146,7 +156,8 @@ class BatchedTrainer:
         model = self.model
 
         def loss(trained: State, others: State, x: torch.Tensor, y: torch.Tensor,
-                 weight: torch.Tensor | None, inputs: State) -> torch.Tensor:
+                 weight: torch.Tensor | None, inputs: State) -> tuple[torch.Tensor, ...]:
+            """(objective, cross-entropy), and the extra loss when the phase has one."""
             logits = functional_call(model, {**trained, **others}, (x,))
             if weight is None:
                 value = F.cross_entropy(logits, y)
@@ -154,10 +165,12 @@ class BatchedTrainer:
                 value = (F.cross_entropy(logits, y, reduction="none") * weight).sum() / weight.sum()
             params = {**others, **trained}  # an extra loss sees every parameter, as under Trainer
             if isinstance(phase.loss, ClientLoss):
-                value = value + phase.loss.fn(params, Batch(x, y), logits, inputs)
+                extra = phase.loss.fn(params, Batch(x, y), logits, inputs)
             elif phase.loss is not None:
-                value = value + phase.loss(params, Batch(x, y), logits)
-            return value
+                extra = phase.loss(params, Batch(x, y), logits)
+            else:
+                return value, value
+            return value + extra, value, extra
 
         return loss
 

@@ -29,10 +29,11 @@ from ..errors import Interrupted, RunFailed, UsageError
 from ..methods import METHODS, Context
 from ..methods.base import Method
 from ..models import build_model, resolve_layers
+from ..models.layers import layer_entries
 from .batched import BatchedTrainer, batchable
 from .comm import CommMeter
 from .state import State, WeightedSum, clone
-from .train import Batch, Diverged, Optim, Phase, Split, Trainer, derive_seed
+from .train import Batch, Diverged, Optim, Phase, Split, Trainer, TrainLoss, derive_seed
 
 
 def build_partition(cfg: Config, y: np.ndarray, n_official_train: int, num_classes: int) -> Partition:
@@ -92,7 +93,7 @@ class Scores:
 @dataclass
 class RoundRecord:
     round: int
-    train_loss: float
+    train_loss: float  # the task loss (cross-entropy) alone, mean over the round's clients
     bytes_up: int  # cumulative
     bytes_down: int
     bytes_up_round: int
@@ -103,6 +104,9 @@ class RoundRecord:
     diagnostics: dict[str, float] = field(default_factory=dict)  # a method's scalars
     arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # a method's matrices
     skipped: list[int] = field(default_factory=list)  # clients whose diverged update was dropped
+    # the mean of each extra training loss by its Phase.loss_name (column train_<name>); the
+    # objective the clients trained on is train_loss plus these
+    loss_terms: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """Plain numbers and lists (arrays are on disk already), for a weights_only checkpoint."""
@@ -112,18 +116,20 @@ class RoundRecord:
                 "bytes_down": self.bytes_down, "bytes_up_round": self.bytes_up_round,
                 "bytes_down_round": self.bytes_down_round, "elapsed_seconds": self.elapsed_seconds,
                 "test": scores(self.test), "val": scores(self.val), "diagnostics": dict(self.diagnostics),
-                "skipped": list(self.skipped)}
+                "skipped": list(self.skipped), "loss_terms": dict(self.loss_terms)}
 
     @classmethod
     def from_dict(cls, d: dict) -> RoundRecord:
         scores = lambda s: None if s is None else Scores(  # noqa: E731
             np.asarray(s["correct"], dtype=np.int64), np.asarray(s["count"], dtype=np.int64), s["loss"])
+        # a checkpoint written before loss_terms existed has none (its train_loss included them)
         return cls(**{**d, "test": scores(d["test"]), "val": scores(d["val"])})
 
     def metrics(self) -> dict[str, float]:
         """The row of metrics.csv and the metrics MLflow gets at step = round."""
         row: dict[str, float] = {
-            "round": self.round, "train_loss": self.train_loss, "bytes_up": self.bytes_up,
+            "round": self.round, "train_loss": self.train_loss,
+            **{f"train_{name}": value for name, value in self.loss_terms.items()}, "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down, "bytes_up_round": self.bytes_up_round,
             "bytes_down_round": self.bytes_down_round, "elapsed_seconds": self.elapsed_seconds,
             "skipped_clients": len(self.skipped),
@@ -135,8 +141,24 @@ class RoundRecord:
         return {**row, **self.diagnostics}
 
 
-# Metric names a method's diagnostics may not take (they would overwrite the loop's own columns).
+# Metric names a method's diagnostics may not take (they would overwrite the loop's own columns),
+# and the prefix of the columns of extra training losses (train_<Phase.loss_name>).
+RESERVED_PREFIX = "train_"
 RESERVED = set(RoundRecord(0, 0.0, 0, 0, 0, 0, 0.0, Scores(np.ones(1), np.ones(1), 0), Scores(np.ones(1), np.ones(1), 0)).metrics())
+
+
+def round_loss(losses: list[float]) -> TrainLoss:
+    """A round's training loss from its clients' (TrainLoss, or a plain float from a method's own
+    loop): the mean over the clients that took a step of the task loss and of each extra term; a
+    client without one of the terms (pFedSD's first round, without a teacher) counts 0 for it, so
+    the round's columns still add up to the mean objective. NaN when no client took a step."""
+    took = [loss for loss in losses if not np.isnan(loss)]
+    if not took:
+        return TrainLoss(float("nan"))
+    terms = [getattr(loss, "terms", {}) for loss in took]
+    names = dict.fromkeys(name for t in terms for name in t)
+    return TrainLoss(float(np.mean(took)),
+                     {name: float(np.mean([t.get(name, 0.0) for t in terms])) for name in names})
 
 
 class Simulator:
@@ -234,7 +256,7 @@ class Simulator:
         # A trained client keeps only what is its own when nothing reads the rest again: scored with
         # the received model, and with the base download and receive, every entry of the server's
         # "global" overwrites the client's before its state is trained or scored again. The clients
-        # whose final weights the diagnostics keep (job.save_client_weights) keep those layers' weights.
+        # whose final weights the diagnostics keep (job.save_client_weights) keep the entries of those layers.
         self._trim = (not dry_run and cfg.eval.model == "received" and type(self.method).download is Method.download
                       and type(self.method).receive is Method.receive)
         # With the base aggregate, each upload is added to the weighted sum as it arrives: together
@@ -242,7 +264,8 @@ class Simulator:
         self._stream = type(self.method).aggregate is Method.aggregate
         self._kept_for_diagnostics: dict[int, set[str]] = {}
         if self._trim and cfg.diagnostics.keep_weights:
-            keys = {f"{name}.weight" for name in self.diagnostic_layers().values()}
+            # the entries each analysed layer's weight is computed from (u, v, mu of a factorized layer)
+            keys = {key for name in self.diagnostic_layers().values() for key in layer_entries(self.model, name)}
             self._kept_for_diagnostics = dict.fromkeys(self.diagnosed_clients(), keys)
         self.meter = CommMeter()
         self.round = 0  # the last completed round: what a checkpoint holds
@@ -327,8 +350,9 @@ class Simulator:
                 yield batch
 
     def _log(self, name: str, value: Any) -> None:
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in RESERVED:
-            raise ValueError(f"diagnostic name {name!r} must be [A-Za-z0-9_.-]+ and not one of {sorted(RESERVED)}")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in RESERVED or name.startswith(RESERVED_PREFIX):
+            raise ValueError(f"diagnostic name {name!r} must be [A-Za-z0-9_.-]+, not start with {RESERVED_PREFIX!r} "
+                             f"and not be one of {sorted(RESERVED)}")
         if self.dry_run:
             return
         arr = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
@@ -414,12 +438,12 @@ class Simulator:
         sizes = [len(self.clients[k]["train"]) for k in members]
         return max(sizes) <= 1.25 * min(sizes)
 
-    def run_round(self, rnd: int) -> tuple[float, list[int]]:
+    def run_round(self, rnd: int) -> tuple[TrainLoss, list[int]]:
         """One round: sampled clients download, train and upload; the server aggregates.
 
         Nothing is committed until the round is complete: clients' new states, the server and the
         meter change together at the end, so an interrupted round leaves the previous one intact.
-        Returns the mean training loss and the clients whose diverged update was skipped.
+        Returns the mean training loss (round_loss) and the clients whose diverged update was skipped.
         """
         self.ctx.round = rnd
         self._generators, self._scalars, self._arrays = {}, {}, {}
@@ -458,8 +482,7 @@ class Simulator:
             self.states[k] = state
         self.server = server
         self.meter.end_round()
-        loss = float(np.nanmean(losses)) if losses and not np.all(np.isnan(losses)) else float("nan")
-        return loss, skipped
+        return round_loss(losses), skipped
 
     def diagnostic_layers(self) -> dict[int, str]:
         """{paper index: module name} of the layers whose final client weights the diagnostics analyse:
@@ -531,15 +554,15 @@ class Simulator:
         bar = tqdm(range(self.round + 1, R + 1), desc=f"{self.cfg.method['name']}", unit="round",
                    initial=self.round, total=R, disable=not sys.stderr.isatty(), leave=False)
         for rnd in bar:
-            train_loss, skipped = self.run_round(rnd)
+            loss, skipped = self.run_round(rnd)
             scored = {}
             if rnd % self.cfg.fl.eval_every == 0 or rnd == R:
                 scored = self.evaluate(("test", "val") if has_val else ("test",))
             test, val = scored.get("test"), scored.get("val")
             up, down = self.meter.history[-1]
-            rec = RoundRecord(rnd, train_loss, self.meter.up, self.meter.down, up, down,
+            rec = RoundRecord(rnd, float(loss), self.meter.up, self.meter.down, up, down,
                               time.perf_counter() - start, test, val, dict(self._scalars), dict(self._arrays),
-                              skipped)
+                              skipped, loss.terms)
             self.records.append(rec)
             self.round = rnd
             if test is not None:

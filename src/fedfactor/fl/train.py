@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Literal, Mapping, Sequence
 
@@ -87,6 +88,9 @@ class Phase:
     optim: Optim | None = None  # None: the run's optimizer (the config's fl section)
     lr: Mapping[str, float] = field(default_factory=dict)  # per-parameter learning rates
     loss: ExtraLoss | None = None
+    # What the extra loss is reported as: its mean is the column train_<loss_name> of metrics.csv,
+    # beside train_loss, which is the cross-entropy alone (it trains on their sum).
+    loss_name: str = "reg"
     # Keep this phase's optimizer state (momentum, Adam moments) in the client's state between
     # rounds, under "optim.<phase name>.<parameter>.<entry>"; None restarts it every round.
     keep_optimizer: str | None = None
@@ -96,6 +100,8 @@ class Phase:
             raise ValueError("a Phase needs exactly one of epochs and steps")
         if (self.epochs or 0) < 0 or (self.steps or 0) < 0:
             raise ValueError("a Phase's epochs and steps must be >= 0")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.loss_name) or self.loss_name == "loss":
+            raise ValueError(f"a Phase's loss_name must be [A-Za-z0-9_.-]+ and not 'loss' (got {self.loss_name!r})")
 
 
 class Diverged(Exception):
@@ -113,10 +119,39 @@ def mean_loss(total: torch.Tensor, steps: int, max_loss: float = math.inf) -> fl
     client catches them all). NaN when there were no steps."""
     if not steps:
         return float("nan")
-    mean = (total / steps).item()
+    return _checked((total / steps).item(), max_loss)
+
+
+def _checked(mean: float, max_loss: float) -> float:
     if not math.isfinite(mean) or mean > max_loss:
         raise Diverged(mean, max_loss)
     return mean
+
+
+class TrainLoss(float):
+    """A client's (or a round's) mean training loss as reported: the float is the task loss alone
+    (the cross-entropy), `terms` the mean of each extra loss by name ({"l1": 3.1}: train_l1 in
+    metrics.csv). A float, so whoever reads a loss, and every method that passes its parent's loss
+    on, keeps working; the training objective is the float plus the terms."""
+
+    terms: dict[str, float]
+
+    def __new__(cls, task: float, terms: Mapping[str, float] | None = None) -> TrainLoss:
+        self = super().__new__(cls, task)
+        self.terms = dict(terms or {})
+        return self
+
+
+def train_loss(objective: torch.Tensor, task: torch.Tensor, terms: Mapping[str, torch.Tensor], steps: int,
+               max_loss: float = math.inf) -> TrainLoss | float:
+    """A client's TrainLoss from the sums of its step losses: the full objective (task plus terms),
+    the task loss and each extra term. Divergence is judged on the objective, as mean_loss does;
+    NaN when there were no steps. One transfer from the device for all of them."""
+    if not steps:
+        return float("nan")
+    objective_mean, task_mean, *term_means = (torch.stack([objective, task, *terms.values()]) / steps).tolist()
+    _checked(objective_mean, max_loss)
+    return TrainLoss(task_mean, dict(zip(terms, term_means)))
 
 
 def make_optimizer(optim: Optim, params: Iterable[torch.Tensor] | list[dict], lr: float | None = None) -> torch.optim.Optimizer:
@@ -188,7 +223,8 @@ class Trainer:
                 done += 1
 
     def fit(self, state: State, split: Split, phases: Sequence[Phase], generator: torch.Generator) -> tuple[State, float]:
-        """Train `state` on `split` phase by phase; returns the new state and the mean training loss.
+        """Train `state` on `split` phase by phase; returns the new state and the mean training loss
+        (a TrainLoss: the cross-entropy, with each phase's extra loss in `terms`).
 
         Entries of `state` that are not the model's (a method's per-client extras) pass through,
         updated with any optimizer state a phase keeps.
@@ -197,25 +233,33 @@ class Trainer:
         self.model.train()
         out = dict(state)
         total, steps = torch.zeros((), device=self.x.device), 0
+        task, terms = torch.zeros((), device=self.x.device), {}
         for phase in phases:
-            loss_sum, n = self._run(phase, split, generator, out)
+            loss_sum, task_sum, term_sum, n = self._run(phase, split, generator, out)
             total += loss_sum
+            task += task_sum
+            if term_sum is not None:  # phases with the same loss_name add up to one column
+                terms[phase.loss_name] = terms.get(phase.loss_name, 0) + term_sum
             steps += n
         if not steps:
             return out, float("nan")
-        mean = mean_loss(total, steps, self.max_loss)
+        mean = train_loss(total, task, terms, steps, self.max_loss)
         out.update(clone(entries))
         return out, mean
 
-    def _run(self, phase: Phase, split: Split, generator: torch.Generator, state: State) -> tuple[torch.Tensor, int]:
+    def _run(self, phase: Phase, split: Split, generator: torch.Generator,
+             state: State) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
+        """(sum of the step losses, of their cross-entropy, of their extra loss or None, steps)."""
         named = dict(self.model.named_parameters())
         names = list(named) if phase.params is None else list(phase.params)
         unknown = [p for p in names if p not in named]
         if unknown:
             raise KeyError(f"phase trains unknown parameters {unknown[:3]}; parameters are {list(named)[:5]}...")
         total = torch.zeros((), device=self.x.device)
+        task = torch.zeros_like(total)
         if not names:
-            return total, 0
+            return total, task, None, 0
+        term = None if phase.loss is None else torch.zeros_like(total)
         opt = self._optimizer(phase, [(n, named[n]) for n in names])
         if phase.keep_optimizer:
             self._restore(opt, phase.keep_optimizer, named, state)
@@ -230,21 +274,25 @@ class Trainer:
                     continue
                 with self.autocast():
                     logits = self.model(batch.x)
-                    loss = F.cross_entropy(logits, batch.y)
+                    loss = cross_entropy = F.cross_entropy(logits, batch.y)
                     if phase.loss is not None:
-                        loss = loss + phase.loss(named, batch, logits)
+                        extra = phase.loss(named, batch, logits)
+                        loss = loss + extra
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
                 # Summed on the device: a .item() per step would synchronise a GPU every batch.
                 total += loss.detach()
+                task += cross_entropy.detach()
+                if term is not None:
+                    term += extra.detach()
                 steps += 1
         finally:
             for n, p in named.items():
                 p.requires_grad_(frozen[n])
         if phase.keep_optimizer:
             self._save(opt, phase.keep_optimizer, named, state)
-        return total, steps
+        return total, task, term, steps
 
     def _optimizer(self, phase: Phase, params: list[tuple[str, torch.nn.Parameter]]) -> torch.optim.Optimizer:
         o = phase.optim or self.optim

@@ -15,6 +15,8 @@ Client side
     local_train(k, state, received)     executes the plan; override only what a plan cannot say
     upload(k, state) -> payload         what client k sends (which entries are shared)
     evaluation_state(k, state) -> state what is scored, given the model the protocol picked
+After the run
+    run_warnings(diagnostics) -> lines how the run degenerated, if it did (read from logged scalars)
 Before the run
     prepare_model(model) -> model       swap layers (factorized, low-rank, ...) before the first state
 
@@ -180,7 +182,9 @@ class Method:
         """Layers whose final client weights a run keeps for the factor-analysis diagnostics.
 
         {paper index: module name}; the layer before the classifier unless a method says otherwise
-        (FedFac: its Lambda). Empty when the model has no plain Conv2d/Linear there (factorized).
+        (FedFac: its Lambda). A factorized, low-rank or Hadamard layer counts as the layer it replaced;
+        its effective weight is analysed (models.layers.effective_weight). Empty when the model has
+        no such layer before its classifier.
         """
         try:
             return resolve_layers(self.ctx.model, [-1])
@@ -199,6 +203,13 @@ class Method:
         """
         received = self.receive(k, fresh, self.download(server, k))
         return {"received": received, "finetune": self.ctx.fit(k, received, [Phase(epochs=self.ctx.epochs)])[0]}
+
+    def run_warnings(self, diagnostics: Sequence[Mapping[str, float]]) -> list[str]:
+        """One line per way this run degenerated (matched nobody, kept no update), from the scalars
+        the method logged each round (`diagnostics[i]` is round i + 1's). Read when the run ends, so
+        a resumed run sees every round; the job logs each line and writes it to the summary and MLflow.
+        """
+        return []
 
     def evaluation_state(self, k: int, state: State) -> State:
         """What client k is scored with, given the model the evaluation protocol picked.

@@ -7,26 +7,29 @@ clients whose v^{L-1} (the layer before the classifier) is most similar to its o
     alpha (share=u):   upload U (every layer's u) and v^{L-1}; download the personalised U.
     beta  (share=uvm): upload and download U, V and M (mu sent sparse) and the other parameters.
 
-What is shared, and choices the papers leave open (each a hyperparameter):
-- The classifier is never mixed: eq. 5 runs over l = 1..L-1 and the official code keeps the head
-  out of aggregation. `reset_head` reproduces the official code in unpermuted scenarios, where each
-  client's head is reset to the initial head every round.
-- BatchNorm running statistics stay local. BN affine parameters: beta shares them ("all
-  parameters"); alpha does not, so that it sends exactly U and v^{L-1} (002, C.4); the official
-  code shares them in both (`share_bn: true`).
-- The L1 term lambda ||M||_1 (eq. 6) has a real gradient (`l1_mode: paper`); the official code adds
-  it on detached tensors, so it has no effect (`l1_mode: official`). In both, mu entries with
-  |mu| < mu_threshold count as zero when a model is evaluated and are not sent (M travels as a bitmap
-  plus values); the official code uses lambda as that threshold.
-- Matching weights: `weighting: paper` (the default; threshold tau, then softmax(epsilon sigma) over
-  the clients at or above it, eqs. 4-5) or `official` (top max(#{sigma >= tau}, minimum_aggr)
-  clients, softmax(epsilon sigma)). The defaults tau=0, epsilon=1 are the official code's label-
-  scenario settings and lie in the ranges of 002 C.2; they follow the paper's rule because the
-  paper is what this project reproduces, and the official rule is one switch away.
-- `init: official` draws u and v Xavier-uniform, as the official code; `scaled` starts u v^T at the
-  scale of the replaced layer's weight, which matters for models without BatchNorm (cnn, mlp).
-- A client that has not uploaded yet receives the sample-weighted mean of the stored uploads (the
-  official code's rule); in round 1, the initial model's shared entries.
+Defaults are the official code's behaviour ("as run", wyjeong/Factorized-FL, the code behind the
+paper's numbers); `factorized_fl_alpha_text` and `factorized_fl_beta_text` are the paper's text as
+written. README, "Factorized-FL and SimFed", has the switch-by-switch table with measured effects.
+- `l1_mode`: official: the L1 term on mu is computed on detached tensors, so it has no gradient;
+  paper: lambda ||M||_1 (eq. 6) with a real gradient.
+- `mu_init`/`bias_init`: official: a fully connected layer's mu and every bias start Xavier-uniform,
+  a convolution's mu at zero; paper: mu at zero (000, after eq. 2), the model's own bias init.
+- `mu_send`: dense: M is sent unpruned, as the official server mixes it (it prunes |mu| < lambda
+  only when it evaluates and when it counts bytes); pruned: entries below mu_threshold are dropped
+  and M travels as a bitmap plus values. Either way evaluation prunes below mu_threshold.
+- What alpha shares: official: every body entry but v and mu (u, biases, BatchNorm affine;
+  `share_bias`, `share_bn`); paper: U alone (and v^{L-1} as the key), 002 C.4. BatchNorm running
+  statistics stay local in both. The classifier is never mixed (eq. 5 runs over l <= L-1); with
+  `reset_head` it is reset to the initial head every round where heads are shared (the official
+  code's unpermuted tasks).
+- Matching: official: the top max(#{sigma >= tau}, minimum_aggr) clients by the similarity of v of
+  the last convolution, softmax(epsilon sigma); `minimum_aggr: 0` is the official code's per-task
+  count (all 20 of its 20 clients in the standard tasks, 10 under permuted labels): all clients
+  where heads are shared, half (rounded up) where they are local. paper: the clients with
+  sigma >= tau (eqs. 4-5) by v^{L-1}. tau 0 and epsilon 1 are the official label-task settings.
+- `init: scaled` starts u v^T at the replaced layer's weight scale (an option for models without
+  BatchNorm). A client that has not uploaded yet receives the sample-weighted mean of the stored
+  uploads (the official code's rule); in round 1, the initial model's shared entries.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from ..analysis.similarity import cosine_matrix, mixing_weights
 from ..fl.state import State, clone, pack_sparse, select, unpack_sparse, weighted_average
 from ..fl.train import Phase, derive_seed
 from ..nn import LAYOUTS, factorize, factorized_layers
+from ..nn.factorized import BIAS_INITS, MU_INITS
 from .base import Method, variant
 from . import METHODS
 
@@ -53,49 +57,58 @@ MATCH = "match.key"  # the vector the server matches clients on (v^{L-1} or an e
 class FactorizedFL(Method):
     name = "factorized_fl_alpha"
     defaults: dict[str, Any] = {
-        "layout": "paper",  # paper | official | simfed (factorization axes, 000 Figure 7 (k))
+        "layout": "official",  # official: (u @ v).view(O, I, k, k) | paper (eq. 3) | simfed (000 Fig. 7 (k))
         "init": "official",  # official: Xavier u and v | scaled: at the replaced layer's weight scale
+        "mu_init": "official",  # official: dense mu Xavier, conv mu zero | zero: mu = 0 (000, after eq. 2)
+        "bias_init": "official",  # official: Xavier-uniform biases | layer: the model's own
         "rank": 1,  # gamma, the number of columns of u and v (000 Figure 7 (h))
         "use_mu": True,  # the sparse bias matrix mu (000 Figure 7 (g): "w/o mu")
         "l1": 5e-4,  # lambda_sparsity (002 C.2: 5e-4 to 1e-3)
-        "l1_mode": "paper",  # paper: a real gradient | official: no effect (detached in the code)
-        "mu_threshold": 5e-4,  # |mu| below it counts as zero when evaluated and is not sent
+        "l1_mode": "official",  # official: no effect (detached in the code) | paper: a real gradient
+        "mu_threshold": 5e-4,  # |mu| below it counts as zero when evaluated (official: lambda)
+        "mu_send": "dense",  # dense: M sent unpruned (official) | pruned: below mu_threshold dropped, sparse
         "share": "u",  # u (alpha) | uvm (beta) | none (the factorized model trained locally)
-        "share_bn": False,  # also share BatchNorm affine parameters (the official code does)
+        "share_bn": True,  # share BatchNorm affine parameters (the official code) | False (alpha's text)
+        "share_bias": True,  # alpha also shares the body's biases (the official code) | False (text)
         "matching": "similarity",  # similarity | fedavg (no matching) | random | worst
-        "weighting": "paper",  # paper: threshold + softmax | official: top-n + softmax
-        "tau": 0.0,  # similarity threshold (002 C.2: 0 to 0.75)
-        "epsilon": 1.0,  # softmax scale of the similarity (002 C.2: 1 to 20)
-        "minimum_aggr": 1,  # official weighting: at least this many clients (self included)
+        "weighting": "official",  # official: top-n + softmax | paper: threshold + softmax
+        "tau": 0.0,  # similarity threshold (002 C.2: 0 to 0.75; official label tasks: 0)
+        "epsilon": 1.0,  # softmax scale of the similarity (002 C.2: 1 to 20; official label tasks: 1)
+        "minimum_aggr": 0,  # official weighting: at least this many clients (self included); 0: the code's rule
         "num_matched": 3,  # random / worst matching: clients mixed in besides self
-        "match_layer": "before_head",  # before_head (the paper's v^{L-1}) | last_conv (official code)
-        "reset_head": False,  # official code, unpermuted scenarios: head reset to the initial one
+        "match_layer": "last_conv",  # last_conv (official code) | before_head (the paper's v^{L-1})
+        "reset_head": True,  # where heads are shared, reset the head to the initial one every round (official)
     }
     factorized = True  # False: similarity matching on an unfactorized model (SimFed ablation)
     key_name = "similarity_v"  # the diagnostic name of the similarity clients are matched on
 
     CHOICES = {"layout": LAYOUTS, "init": ("official", "scaled"), "l1_mode": ("paper", "official"),
+               "mu_init": MU_INITS, "bias_init": BIAS_INITS, "mu_send": ("dense", "pruned"),
                "share": ("u", "uvm", "none"), "matching": ("similarity", "fedavg", "random", "worst"),
                "weighting": ("paper", "official"), "match_layer": ("before_head", "last_conv")}
 
     @classmethod
     def validate_params(cls, params):
         hp = super().validate_params(params)
-        for key in ("rank", "minimum_aggr", "num_matched", "criteria_inputs"):
+        for key in ("rank", "num_matched", "criteria_inputs"):
             if key in hp and hp[key] < 1:
                 raise UsageError(f"method.{key} must be >= 1 (got {hp[key]})")
+        if hp["minimum_aggr"] < 0:
+            raise UsageError(f"method.minimum_aggr must be >= 0 (0: the official code's rule; got {hp['minimum_aggr']})")
         return hp
 
     def __init__(self, **params: Any):
         super().__init__(**params)
         # Sparse M's size depends on trained values: `fedfactor cost` cannot project it.
-        self.payload_depends_on_values = self.factorized and self.hp.use_mu and self.hp.share == "uvm"
+        self.payload_depends_on_values = (self.factorized and self.hp.use_mu and self.hp.share == "uvm"
+                                          and self.hp.mu_send == "pruned")
 
     # -- the model -------------------------------------------------------------------------------
     def prepare_model(self, model: nn.Module) -> nn.Module:
         if not self.factorized:
             return model
-        return factorize(model, self.hp.layout, self.hp.rank, self.hp.use_mu, self.hp.mu_threshold, self.hp.init)
+        hp = self.hp
+        return factorize(model, hp.layout, hp.rank, hp.use_mu, hp.mu_threshold, hp.init, hp.mu_init, hp.bias_init)
 
     def bind(self, ctx) -> None:
         self.mu_keys = [f"{n}.mu" for n, m in factorized_layers(ctx.model).items() if m.mu is not None]
@@ -106,8 +119,9 @@ class FactorizedFL(Method):
     def _match_layer(self, model: nn.Module) -> str:
         """The body layer whose v is matched on: the one before the classifier, or the last conv."""
         layers = {n: m for n, m in factorized_layers(model).items() if n.startswith("body.")}
-        if self.hp.match_layer == "last_conv":
-            layers = {n: m for n, m in layers.items() if m.conv}
+        convs = {n: m for n, m in layers.items() if m.conv}
+        if self.hp.match_layer == "last_conv" and convs:  # a model without convolutions (mlp): v^{L-1}
+            layers = convs
         if not layers:
             raise UsageError(f"method.match_layer={self.hp.match_layer}: the model has no such factorized layer")
         return list(layers)[-1]
@@ -123,15 +137,17 @@ class FactorizedFL(Method):
         if self.hp.share == "none":
             return []
         if self.hp.share == "u":
-            return [k for k in params if k.endswith(".u") or (self.hp.share_bn and k in bn)]
+            biases = {f"{n}.bias" for n in factorized_layers(self.ctx.model)} if self.hp.share_bias else set()
+            return [k for k in params if k.endswith(".u") or (self.hp.share_bn and k in bn) or k in biases]
         return [k for k in params if self.hp.share_bn or k not in bn]
 
     # -- payload encoding ------------------------------------------------------------------------
     def encode(self, state: State) -> State:
-        """Entries as sent: mu below the threshold dropped and the rest sent as bitmap + values."""
+        """Entries as sent: under mu_send=pruned, mu below the threshold dropped and the rest sent as
+        bitmap + values."""
         out = {}
         for key, t in state.items():
-            if key in self.mu_keys:
+            if key in self.mu_keys and self.hp.mu_send == "pruned":
                 kept = t * (t.abs() >= self.hp.mu_threshold)
                 out[key + BITS], out[key + VALUES] = pack_sparse(kept)
             else:
@@ -195,11 +211,19 @@ class FactorizedFL(Method):
             sizes = torch.tensor([server["sizes"][str(j)] for j in present])
             W = self._full(present, mixing_weights(
                 sim.cpu(), self.hp.matching, self.hp.weighting, self.hp.tau, self.hp.epsilon,
-                self.hp.minimum_aggr, self.hp.num_matched, sizes, gen), fill=0.0)
+                self._minimum_aggr(), self.hp.num_matched, sizes, gen), fill=0.0)
             server["counts"] = server["counts"] + (W > 0).long()
             self._diagnose(server, present, sim.cpu(), W)
         server["weights"] = W
         return server
+
+    def _minimum_aggr(self) -> int:
+        """minimum_aggr, or for 0 the official code's count: its 20 of 20 clients where heads are
+        shared (standard tasks), 10 of 20 under permuted labels (main.py's set_config)."""
+        if self.hp.minimum_aggr:
+            return self.hp.minimum_aggr
+        K = self.ctx.num_clients
+        return -(-K // 2) if self.ctx.head_local else K
 
     def _draw_seed(self) -> int:
         return derive_seed(self.ctx.seed, self.ctx.round, 2**31 + 1)
@@ -223,6 +247,8 @@ class FactorizedFL(Method):
         log("matching_weights", W)
         log("matching_counts", server["counts"])
         log("matched_clients_mean", float((W[present] > 0).sum(1).double().mean()))
+        if len(present) > 1:  # the highest similarity of any client to another: for the no-match warning
+            log("similarity_max_other", float((sim - 2 * torch.eye(len(present), dtype=sim.dtype)).max()))
         counts = server["counts"].double().clone()
         counts.fill_diagonal_(0)
         dom = torch.tensor(self.ctx.domains) if self.ctx.domains else torch.zeros(self.ctx.num_clients)
@@ -238,17 +264,27 @@ class FactorizedFL(Method):
             log("mu_nonzero_share", nonzero / max(total, 1))
 
     # -- client side -----------------------------------------------------------------------------
+    def run_warnings(self, diagnostics):
+        matched = [d["matched_clients_mean"] for d in diagnostics if "matched_clients_mean" in d]
+        if self.ctx.num_clients < 2 or not matched or max(matched) > 1:
+            return []
+        best = max((d.get("similarity_max_other", float("nan")) for d in diagnostics), default=float("nan"))
+        return [f"{self.name} matched no other client in any of its {len(matched)} rounds: each client mixed "
+                f"only itself, so this run is the factorized model trained alone; the highest similarity to "
+                f"another client was {best:.4f}, below method.tau={self.hp.tau:g} (lower tau, or use "
+                f"weighting: official with minimum_aggr > 1)"]
+
     def receive(self, k: int, state: State, payload: State) -> State:
         state = {**state, **self.decode(payload)}
-        if self.hp.reset_head:
+        if self.hp.reset_head and not self.ctx.head_local:
             state.update(clone(self._init_head))
         return state
 
     def plan(self, k, state, received):
         if not (self.factorized and self.hp.use_mu and self.hp.l1_mode == "paper" and self.hp.l1 > 0):
-            return [Phase(epochs=self.ctx.epochs)]
+            return [Phase(epochs=self.ctx.epochs)]  # official: the code's L1 is on detached tensors
         # A bound method, equal for every client: clients' plans compare equal and can train batched.
-        return [Phase(epochs=self.ctx.epochs, loss=self._sparsity)]
+        return [Phase(epochs=self.ctx.epochs, loss=self._sparsity, loss_name="l1")]
 
     def _sparsity(self, params, batch, logits):
         return self.hp.l1 * sum(params[key].abs().sum() for key in self.mu_keys)
@@ -282,6 +318,13 @@ def _variant(name: str, description: str, **changes: Any) -> type:
 
 _variant("factorized_fl_beta", "Factorized-FL beta (000): shares U, V and sparse M, personalised by similarity "
         "of v^{L-1}", share="uvm", share_bn=True)
+# The paper's text as written, where it differs from the official code (README's table).
+TEXT = dict(layout="paper", mu_init="zero", bias_init="layer", l1_mode="paper", mu_send="pruned", share_bn=False,
+            share_bias=False, weighting="paper", minimum_aggr=1, match_layer="before_head", reset_head=False)
+_variant("factorized_fl_alpha_text", "Factorized-FL alpha as the paper's text describes it (ablation of the as-run "
+         "default): L1 with a gradient, mu from zero, U alone shared, threshold matching on v^{L-1}", **TEXT)
+_variant("factorized_fl_beta_text", "Factorized-FL beta as the paper's text describes it (ablation of the as-run "
+         "default)", **{**TEXT, "share": "uvm", "share_bn": True})
 _variant("factorized_fedavg", "Factorized-FedAvg (000 Fig. 7 g): beta without matching, sample-weighted mean",
         share="uvm", share_bn=True, matching="fedavg")
 _variant("factorized_fedavg_no_mu", "Factorized-FedAvg without mu (000 Fig. 7 g)", share="uvm", share_bn=True,
@@ -291,4 +334,5 @@ _variant("factorized_fl_worst", "Factorized-FL alpha mixing the 3 least similar 
         matching="worst")
 _variant("factorized_fl_axes", "Factorized-FL alpha with SimFed's axes u in R^{I*F}, v in R^{O*F} (000 Fig. 7 k)",
         layout="simfed")
-_variant("factorized_local", "The factorized model trained locally, nothing shared (000 Fig. 7 j)", share="none")
+_variant("factorized_local", "The factorized model trained locally, nothing shared (000 Fig. 7 j)", share="none",
+         reset_head=False)

@@ -138,7 +138,8 @@ class FedAMP(Method):
     def plan(self, k: int, state: State, received: State) -> list[Phase]:
         anchor = {key: t.detach() for key, t in received.items()}
         weight = self.hp.lam / (2 * self.alpha_k(self.ctx.round))
-        return [Phase(epochs=self.ctx.epochs, loss=proximal(anchor, weight) if anchor and weight else None)]
+        return [Phase(epochs=self.ctx.epochs, loss=proximal(anchor, weight) if anchor and weight else None,
+                      loss_name="proximal")]
 
     def upload(self, k: int, state: State) -> State:
         return select(state, self.keys)

@@ -16,12 +16,17 @@ split (one byte per unit). A round that runs the factor analysis needs every uni
 clients, so its upload carries the whole layer (every dynamic round; static: the last warm-up
 round); after that, static FedFac uploads only the shared rows. tau = +-inf needs no analysis.
 
-Choices, each a hyperparameter (README, "FedFac"):
-- `unit_params: follow` (the default): a split unit's bias and BatchNorm affine parameters go with
-  it (shared or personal); `local`: they stay local, as in the official code.
+Choices, each a hyperparameter (README, "FedFac"). The defaults are the official code's ("as run",
+ffair/FedFac's paper_experiments scripts); `fedfac_text` is the paper's text as written.
+- `tau`: inf, as the scripts run it (`--given_threshold` without a value compares with +inf, so every
+  unit of Lambda is personal: no analysis decides anything); the text's default threshold is the
+  mean communality.
+- `unit_params: local` (official): a split layer's bias and BatchNorm affine parameters stay local;
+  `follow`: they go with their unit (shared or personal).
 - BatchNorm running statistics stay local (`share_bn_stats: false`, the official code).
-- `fa_method: principal` is the paper's iterated principal-factor estimation (eq. 7);
-  `eigen` is the official code's `--direct_eigDecom` (communality from raw eigenvectors).
+- `fa_method: eigen` is the official code's `--direct_eigDecom` (communality from raw eigenvectors);
+  `principal` the paper's iterated principal-factor estimation (eq. 7). `factors: official` counts
+  G as the code does, one factor fewer than the paper's definition (`paper`), and may find none.
 - `split: random` (Table 8 panel B) keeps as many shared units as the factor analysis picked but
   draws which at random; `mask: shared|personal` (panel A) replaces that group of a split layer's
   weight by N(0, 1) values whenever a client receives it (for training and for evaluation), as
@@ -59,17 +64,21 @@ class FedFac(Method):
         "mode": "dynamic",  # dynamic (Algorithm 2) | static (Algorithm 1)
         "warmup": 1,  # static: rounds of local training of the Lambda layers before the one analysis
         "kappa": 0.85,  # G: smallest number of factors explaining this share of the eigenvalues
-        "tau": "mean",  # mean | a quantile (50% or q50) | inf (all personal) | -inf (all shared) | a number
-        "fa_method": "principal",  # principal (eq. 7, iterated) | eigen (the official code)
+        # inf (as run: the official scripts' --given_threshold keeps its default, +inf: every unit of
+        # Lambda personal) | mean (the text's default) | a quantile (50% or q50) | -inf (all shared) | a number
+        "tau": "inf",
+        "fa_method": "eigen",  # eigen (the official --direct_eigDecom) | principal (eq. 7, iterated)
+        "factors": "official",  # G: official (the code's count, one fewer) | paper (the smallest m reaching kappa)
         "max_iter": 100,  # principal-factor iterations at most
         "tol": 1e-4,  # ... until the specific variances change by less than this
         "split": "factor",  # factor | random (Table 8 panel B)
         "mask": "none",  # none | shared | personal (Table 8 panel A)
-        "unit_params": "follow",  # follow | local: a split layer's bias and BatchNorm affine parameters
+        "unit_params": "local",  # local (official) | follow: a split layer's bias and BatchNorm affine parameters
         "share_bn_stats": False,  # share BatchNorm running statistics (FedAvg does; FedFac's code does not)
         "global_lr": 1.0,  # eta_g: shared = previous + eta_g * (weighted mean - previous)
     }
-    CHOICES = {"mode": ("dynamic", "static"), "fa_method": ("principal", "eigen"), "split": ("factor", "random"),
+    CHOICES = {"mode": ("dynamic", "static"), "fa_method": ("principal", "eigen"), "factors": ("official", "paper"),
+               "split": ("factor", "random"),
                "mask": ("none", "shared", "personal"), "unit_params": ("follow", "local")}
 
     @classmethod
@@ -194,7 +203,7 @@ class FedFac(Method):
             weights = torch.stack([u[f"{name}.weight"] for u in uploads.values()])
             try:
                 fa = factor_analysis(unit_matrix(weights), self.hp.kappa, self.hp.fa_method,
-                                     max_iter=self.hp.max_iter, tol=self.hp.tol)
+                                     max_iter=self.hp.max_iter, tol=self.hp.tol, count=self.hp.factors)
             except ValueError as e:
                 raise ValueError(f"FedFac round {self.ctx.round}, layer {idx} ({name}): {e}") from None
             mask = split(fa.communalities, self.hp.tau)
@@ -287,10 +296,13 @@ def _variant(name: str, description: str, **changes: Any) -> type:
     return variant(name, description, FedFac, **changes)
 
 
+_variant("fedfac_text", "FedFac as the paper's text describes it (ablation of the as-run default): iterated "
+         "principal factors, units shared at communality >= the mean, a unit's bias and BN go with it",
+         tau="mean", fa_method="principal", factors="paper", unit_params="follow")
 _variant("fedfac_static", "FedFac static (001 Algorithm 1): one factor analysis after a warm-up round, split fixed",
          mode="static")
-_variant("fedfac_random", "FedFac with a random split of as many shared units as the factor analysis picks "
-         "(001 Table 8 panel B)", split="random")
+_variant("fedfac_random", "FedFac, tau = mean, with a random split of as many shared units as the factor analysis "
+         "picks (001 Table 8 panel B)", split="random", tau="mean")
 _variant("fedfac_mask_shared", "FedFac, tau = 50%, shared units of the split layers replaced by N(0,1) values "
          "(001 Table 8 panel A, mask-shared)", tau="50%", mask="shared")
 _variant("fedfac_mask_personal", "FedFac, tau = 50%, personal units of the split layers replaced by N(0,1) values "

@@ -30,4 +30,5 @@ class FedProx(Method):
         # The anchor is the global model as received this round; personal parameters (a local
         # head) have no global counterpart and are left unregularised.
         anchor = {key: t.detach() for key, t in received.items() if key in self.ctx.param_keys}
-        return [Phase(epochs=self.ctx.epochs, loss=proximal(anchor, 0.5 * self.hp.mu) if anchor else None)]
+        return [Phase(epochs=self.ctx.epochs, loss=proximal(anchor, 0.5 * self.hp.mu) if anchor else None,
+                      loss_name="proximal")]

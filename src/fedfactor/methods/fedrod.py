@@ -27,7 +27,8 @@ Choices the paper leaves open, and how they are settled:
   deepcopy the classifier), so every client's starting model predicts with 2 g.
 - One run optimizer (fl.optimizer, lr, momentum, weight decay) for every parameter, restarted each
   round; PFLlib gives the personal head a separate plain SGD at the same lr, which differs only when
-  the run uses momentum or weight decay. The reported training loss is the sum of both losses.
+  the run uses momentum or weight decay. Both losses are reported: train_loss is the personal one
+  (the cross-entropy of the prediction g + p), train_balanced the balanced one.
 - Why an own training loop rather than a Phase: a Phase's extra loss sees only the model's output
   (the two heads' sum), from which the generic logits cannot be recovered; recomputing them would
   run the body twice per step and move BatchNorm statistics twice.
@@ -52,7 +53,7 @@ from torch import nn
 
 from ..errors import UsageError
 from ..fl.state import State, clone, select
-from ..fl.train import make_optimizer, mean_loss
+from ..fl.train import make_optimizer, train_loss
 from ..models import HeadedModel
 from .base import Method
 from . import METHODS
@@ -124,17 +125,24 @@ class FedRoD(Method):
         detach = self.hp.body_loss == "generic"
         model.train()
         total, steps = torch.zeros((), device=log_prior.device), 0
+        # reported apart (module docstring); divergence is judged on their sum, which trains
+        personal, generic = torch.zeros_like(total), torch.zeros_like(total)
         for batch in self.ctx.batches(k, epochs=self.ctx.epochs):
             g, p = model.heads(batch.x, detach_features=detach)
-            loss = balanced_cross_entropy(g, batch.y, log_prior) + F.cross_entropy(g.detach() + p, batch.y)
+            balanced = balanced_cross_entropy(g, batch.y, log_prior)
+            prediction = F.cross_entropy(g.detach() + p, batch.y)
+            loss = balanced + prediction
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             total += loss.detach()
+            personal += prediction.detach()
+            generic += balanced.detach()
             steps += 1
         if not steps:
             return dict(state), float("nan")
-        return {**state, **clone(model.state_dict())}, mean_loss(total, steps, self.ctx.max_loss)
+        mean = train_loss(total, personal, {"balanced": generic}, steps, self.ctx.max_loss)
+        return {**state, **clone(model.state_dict())}, mean
 
     def new_client_models(self, server: dict, k: int, fresh: State,
                           members: Callable[[], list[State]]) -> dict[str, State | list[State]]:

@@ -15,19 +15,29 @@ Facts from the authors' code (yxdyc/pFedGate) the paper leaves open, and how the
   are floored at min(max(1/split, 0.1), s), and the first block of every tensor is always kept,
   so that no layer is cut off entirely.
 - Selection (`block_wise_prune=1`, all scripts): a 0-1 knapsack solved greedily, blocks taken by
-  score while they fit, nn.Linear blocks and the others budgeted separately. The budget is the
-  paper's: kept entries <= s of the group's, the always-kept first blocks included (the code gives
-  the other blocks round((s - floor) x their size), which keeps a little less: 0.44 at s = 0.5,
-  split = 5). Blocks are ranked by their score itself; the code ranks scores rounded to tenths (a
+  score while they fit, nn.Linear blocks and the others budgeted separately. `style: official`
+  (the default) does what the code does (nn/gate.py has the details): the blocks other than the
+  always-kept first ones get round((s - floor) x their entries), 0.42 of the cnn's entries kept
+  in all at s = 0.5, split = 5, and are ranked by their floored scores rounded to tenths (a
   remnant of its dynamic-programming solver), which ties most blocks and favours early ones.
-- Kept blocks are multiplied by their scores, so the gate learns through them: one loss, the
+  `style: paper` keeps the paper's budget, kept entries <= s of the group's, the always-kept
+  blocks included, and ranks by the floored score itself.
+- Kept blocks are multiplied by their scores, so the gate learns through them: in the official
+  style by the raw score, with the code's straight-through keep mask adding score x the gradient
+  of a kept block's multiplier to its score's (the code's separate-transform branch, which its
+  `id()` test takes even with `seperate_trans=0`); in the paper style by the floored score
+  alone. The code's loss carries no regulariser (`alpha=0`, all scripts): one loss, the
   gated model's cross-entropy, updates the gate and the shared model in the same step
   (`bi_level_opt 0`, all scripts), both with the run's optimizer (the code: SGD momentum 0.9,
   weight decay 5e-4 for each), the gate at its own learning rate `gate_lr` (null: fl.lr, as most
   scripts set lr_gating = lr_model), gradient norms clipped at `clip` (10 in the code) for each.
   The straight-through variant with a separate scaling head (`seperate_trans=1`) is not built.
-- Simplifications: optimizer state restarts every round (the code keeps each client's optimizers
-  across rounds); no learning-rate or sparsity schedules (the scripts decay the learning rates;
+- Optimizer state: each client keeps its two optimizers' state (momentum) from round to round, as
+  the code keeps each client's optimizers (`keep_optimizer: true`), in its state under
+  `optim.pfedgate.<parameter>.<entry>`, never sent; the shared model's momentum thus carries into
+  the next round's global model. `keep_optimizer: false` restarts it every round; on the
+  BatchNorm-free digits cnn that slows pFedGate's start in the code as in ours.
+- Simplifications: no learning-rate or sparsity schedules (the scripts decay the learning rates;
   sparsity is constant); batches of one sample are skipped, as the code does for BatchNorm.
 - What is sent: the whole shared model, dense, both ways (the code averages every float entry of
   each client's model, BatchNorm statistics included, weighted by training samples). The paper's
@@ -61,6 +71,7 @@ from .base import Method
 from . import METHODS
 
 GATE = "gate."  # the personal gate's entries
+OPTIM = "optim.pfedgate."  # a client's optimizer state between rounds: OPTIM + "<parameter>.<entry>"
 GATE_STREAM = 2**31 + 7  # derive_seed tag of the gate's initialisation
 
 
@@ -73,7 +84,10 @@ class PFedGate(Method):
         "split": Field(5, ge=1),  # blocks per parameter tensor (the authors' scripts)
         "gate_lr": None,  # the gate's learning rate; null: the run's fl.lr
         "clip": Field(10.0, ge=0),  # max gradient norm of gate and model, each; 0: none (the code: 10)
+        "style": "official",  # official (the authors' code) | paper: budget, ranking, scaling (nn/gate.py)
+        "keep_optimizer": True,  # each client's optimizer state carries over to its next round (the code)
     }
+    CHOICES = {"style": ("official", "paper")}
 
     @classmethod
     def validate_params(cls, params):
@@ -81,10 +95,16 @@ class PFedGate(Method):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not 0 < value < math.inf):
             raise UsageError(f"method.gate_lr must be a number > 0, or null for the run's fl.lr (got {value!r})")
-        return super().validate_params(params)
+        hp = super().validate_params(params)
+        if hp["style"] == "official" and hp["split"] == 1 and hp["sparsity"] < 1:
+            # the floor is then s itself: the code's room round((s - floor) x entries) is 0 and, with
+            # no always-kept first blocks, it drops every block
+            raise UsageError(f"method.split 1 with method.sparsity {hp['sparsity']} < 1 drops every block in "
+                             "style official (the code's budget); use split >= 2 or style paper")
+        return hp
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
-        return GatedModel(model, self.hp.split, self.hp.sparsity)
+        return GatedModel(model, self.hp.split, self.hp.sparsity, style=self.hp.style)
 
     def bind(self, ctx) -> None:
         # The gate's input layer is sized by the input, which only the context knows: entry names
@@ -117,6 +137,13 @@ class PFedGate(Method):
         model.load_state_dict(select(state, self.model_keys))
         shared, gate = list(model.backbone.parameters()), list(model.gate.parameters())
         opt = make_optimizer(self.ctx.optim, [{"params": shared}, {"params": gate, "lr": self.gate_lr}])
+        named = dict(model.named_parameters())
+        if self.hp.keep_optimizer:
+            for name, p in named.items():
+                prefix = f"{OPTIM}{name}."
+                kept = {key[len(prefix):]: v.clone() for key, v in state.items() if key.startswith(prefix)}
+                if kept:
+                    opt.state[p] = kept
         model.train()
         total, steps = torch.zeros((), device=shared[0].device), 0
         for batch in self.ctx.batches(k, epochs=self.ctx.epochs):  # the gate's BatchNorm: no batch of one
@@ -132,4 +159,10 @@ class PFedGate(Method):
         if not steps:
             return dict(state), float("nan")
         mean = mean_loss(total, steps, self.ctx.max_loss)
-        return {**state, **clone(model.state_dict())}, mean
+        new = {**state, **clone(model.state_dict())}
+        if self.hp.keep_optimizer:
+            for name, p in named.items():
+                for entry, value in opt.state.get(p, {}).items():
+                    if isinstance(value, torch.Tensor):
+                        new[f"{OPTIM}{name}.{entry}"] = value.detach().clone()
+        return new, mean

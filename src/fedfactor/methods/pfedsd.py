@@ -99,7 +99,8 @@ class PFedSD(Method):
         T, lam = self.hp.temperature, self.hp.lam
         return [Phase(epochs=self.ctx.epochs,
                       loss=lambda params, batch, logits: distillation(logits, self.teacher_logits(teacher, batch.x),
-                                                                      T, lam))]
+                                                                      T, lam),
+                      loss_name="distill")]
 
     def local_train(self, k: int, state: State, received: State) -> tuple[State, float]:
         trained, loss = super().local_train(k, state, received)

@@ -26,6 +26,8 @@ from torch import nn
 
 Layout = Literal["paper", "official", "simfed"]
 LAYOUTS = ("paper", "official", "simfed")
+MU_INITS = ("zero", "official")
+BIAS_INITS = ("layer", "official")
 
 
 class Reparameterized(nn.Module):
@@ -86,12 +88,17 @@ class Factorized(Reparameterized):
 
     `init`: "official" draws u and v Xavier-uniform (the official code); "scaled" then rescales both
     so that u v^T starts with the standard deviation of the replaced layer's own initial weight.
+    `mu_init`: "zero" starts mu at zero (000, after eq. 2); "official" as the official code's layers:
+    a fully connected layer's mu Xavier-uniform (so it starts full rank), a convolution's at zero.
+    `bias_init`: "layer" keeps the replaced layer's bias; "official" redraws it Xavier-uniform as a
+    1 x O matrix, as the official code's layers do (bound sqrt(6 / (1 + O))).
     `threshold`: entries of mu with |mu| < threshold count as zero when the layer is evaluated
     (the official code's pruning at evaluation; 0 keeps them). It is a plain attribute, not state.
     """
 
     def __init__(self, layer: nn.Conv2d | nn.Linear, layout: Layout = "paper", rank: int = 1,
-                 use_mu: bool = True, threshold: float = 0.0, init: str = "official"):
+                 use_mu: bool = True, threshold: float = 0.0, init: str = "official", mu_init: str = "zero",
+                 bias_init: str = "layer"):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         if rank < 1:
@@ -119,8 +126,15 @@ class Factorized(Reparameterized):
                 self.v.mul_(c)
         elif init != "official" and init != "scaled":
             raise ValueError(f"init must be official or scaled, got {init!r}")
+        if mu_init not in MU_INITS or bias_init not in BIAS_INITS:
+            raise ValueError(f"mu_init must be one of {MU_INITS} and bias_init one of {BIAS_INITS}, got "
+                             f"{mu_init!r}, {bias_init!r}")
         self.mu = nn.Parameter(torch.zeros(rows, cols, device=device, dtype=dtype)) if use_mu else None
+        if self.mu is not None and mu_init == "official" and not self.conv:
+            nn.init.xavier_uniform_(self.mu)
         self._keep_bias(layer)
+        if self.bias is not None and bias_init == "official":
+            nn.init.xavier_uniform_(self.bias.data.unsqueeze(0))
 
     def matrix(self) -> torch.Tensor:
         """u v^T + mu, with mu pruned below the threshold when the layer is evaluated."""
@@ -155,14 +169,15 @@ def to_weight(m: torch.Tensor, shape: tuple[int, ...], layout: Layout) -> torch.
 
 
 def factorize(model: nn.Module, layout: Layout = "paper", rank: int = 1, use_mu: bool = True,
-              threshold: float = 0.0, init: str = "official") -> nn.Module:
+              threshold: float = 0.0, init: str = "official", mu_init: str = "zero",
+              bias_init: str = "layer") -> nn.Module:
     """Replace every Conv2d and Linear of `model` by a Factorized layer, in place; returns the model.
 
     A transform, not a copy of each architecture: it applies to resnet9, cnn, mlp and later models.
     State-dict keys become <layer>.u, <layer>.v, <layer>.mu (and <layer>.bias where there was one).
     A bare Conv2d or Linear cannot be replaced in place: its Factorized layer is returned instead.
     """
-    return replace_layers(model, lambda m: Factorized(m, layout, rank, use_mu, threshold, init))
+    return replace_layers(model, lambda m: Factorized(m, layout, rank, use_mu, threshold, init, mu_init, bias_init))
 
 
 def factorized_layers(model: nn.Module) -> dict[str, Factorized]:

@@ -12,6 +12,19 @@ input, flatten, a linear layer, batch normalisation over the block scores, sigmo
 the batch. `GatedModel.forward` scales every kept block of the backbone's parameters by its score,
 zeroes the others, and runs the backbone on those weights (torch.func.functional_call), so
 training, scoring and checkpoints see one ordinary module: `backbone.*` entries and `gate.*` ones.
+
+Scores are floored at min(max(1/split, 0.1), s). Two styles, where the authors' code and the
+paper's budget differ:
+- official (the default; yxdyc/pFedGate, pFedGate/gated_learner.py, as every script runs it): blocks
+  are ranked by their floored score rounded to tenths (the code's integer knapsack values; ties go
+  to the earlier block, as numpy 1.19's sort leaves them for groups of up to 16 blocks), and each
+  group's blocks other than the always-kept ones get round((s - floor) x their entries). A kept
+  block is scaled by its raw score (the floor only ranks), and the gate learns through the keep
+  mask as well, which the code builds as 1 + floored - floored.detach() (value 1, gradient
+  straight through): a kept block's score above the floor gets (1 + score) times the plain
+  product's gradient. At s = 1 nothing is dropped and every block is scaled by its raw score.
+- paper: at most s of each group's entries kept (the always-kept ones included), blocks ranked by
+  the floored score itself, kept blocks scaled by the floored score, no straight-through term.
 """
 
 from __future__ import annotations
@@ -64,18 +77,23 @@ def split_blocks(backbone: nn.Module, split: int) -> Blocks:
 
 
 def select_blocks(scores: np.ndarray, size: np.ndarray, group: np.ndarray, always: np.ndarray,
-                  sparsity: float) -> np.ndarray:
+                  sparsity: float, floor: float | None = None) -> np.ndarray:
     """The 0-1 knapsack of the kept blocks, solved greedily as the authors' code does.
 
     Per group, the blocks in `always` are kept and the others are taken by descending score (ties
-    by position) whenever they still fit, until the kept blocks hold at most `sparsity` of the
-    group's entries. Returns the kept blocks as a boolean mask.
+    by position) whenever they still fit in the group's room. The room is the paper's without
+    `floor` (the kept blocks hold at most `sparsity` of the group's entries, the always-kept ones
+    included), the code's with it: round((sparsity - floor) x the other blocks' entries), rounded
+    half to even as torch.round. Returns the kept blocks as a boolean mask.
     """
     keep = always.copy()
     for g in np.unique(group):
         idx = np.flatnonzero(group == g)
-        room = sparsity * size[idx].sum() - size[idx][always[idx]].sum()
         candidates = idx[~always[idx]]
+        if floor is None:
+            room = sparsity * size[idx].sum() - size[idx][always[idx]].sum()
+        else:
+            room = np.round((sparsity - floor) * size[candidates].sum())
         for j in candidates[np.argsort(-scores[candidates], kind="stable")]:
             if size[j] <= room:
                 keep[j] = True
@@ -129,12 +147,17 @@ class Gate(nn.Sequential):
 class GatedModel(nn.Module):
     """A backbone whose parameters a gate scales block-wise under a sparsity budget."""
 
-    def __init__(self, backbone: nn.Module, split: int, sparsity: float, input_shape: tuple[int, ...] = (1, 1, 1)):
+    def __init__(self, backbone: nn.Module, split: int, sparsity: float, input_shape: tuple[int, ...] = (1, 1, 1),
+                 style: str = "official"):
         super().__init__()
+        if style not in ("official", "paper"):
+            raise ValueError(f"style must be 'official' or 'paper' (got {style!r})")
         self.backbone = backbone
         self.blocks = split_blocks(backbone, split)
         self.sparsity = sparsity
-        # Scores are floored here so that no kept block is scaled to nothing (the authors' code).
+        self.style = style
+        # The authors' floor on the scores, min(max(1/split, 0.1), s): it ranks the blocks (and, in
+        # the paper style, scales them) so that no kept block counts as nothing.
         self.min_score = min(max(1 / split, 0.1), sparsity)
         self.gate = Gate(input_shape, len(self.blocks))
         self.head_name = f"backbone.{getattr(backbone, 'head_name', 'head')}"
@@ -153,12 +176,22 @@ class GatedModel(nn.Module):
 
     def block_weights(self, x: torch.Tensor) -> torch.Tensor:
         """Each block's multiplier for batch x: its score where kept, 0 elsewhere."""
-        scores = self.gate(x).mean(0).clamp_min(self.min_score)
-        if self.sparsity < 1:
-            b = self.blocks
-            keep = select_blocks(scores.detach().cpu().numpy(), b.size, b.linear, b.always, self.sparsity)
-            scores = scores * torch.as_tensor(keep, dtype=scores.dtype, device=scores.device)
-        return scores
+        raw = self.gate(x).mean(0)
+        floored = raw.clamp_min(self.min_score)
+        b = self.blocks
+        if self.style == "paper":
+            if self.sparsity == 1:
+                return floored
+            keep = select_blocks(floored.detach().cpu().numpy(), b.size, b.linear, b.always, self.sparsity)
+            return floored * torch.as_tensor(keep, dtype=raw.dtype, device=raw.device)
+        if self.sparsity == 1:
+            return raw
+        # The code's knapsack values: floored scores in tenths (float64, rounded half to even).
+        tenths = np.round(floored.detach().cpu().double().numpy() * 10)
+        keep = torch.as_tensor(select_blocks(tenths, b.size, b.linear, b.always, self.sparsity, self.min_score),
+                               dtype=raw.dtype, device=raw.device)
+        # value raw x keep; the keep mask (value 1) passes the floored score's gradient straight through
+        return raw * keep * (1 + floored - floored.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights = self.block_weights(x)

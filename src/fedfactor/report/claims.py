@@ -22,12 +22,12 @@ from ..io import atomic_write_text
 from .paper import html_page
 from .study import (SMOKE_COLUMN, SMOKE_TITLE, BestClaim, CloseClaim, DropClaim, NoValue, OrderClaim, Quantity,
                     RatioClaim, Side, StudyRuns, StudySpec, Values, is_smoke, load_runs, protocol_words,
-                    read_values, unit_of)
+                    read_values, unit_of, with_text_variants)
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
 NOT_RUN = "not run"
-COLUMNS = ["smoke_run", "id", "kind", "verdict", "claim", "observed", "condition", "seeds", "seeds_agree",
+COLUMNS = ["smoke_run", "id", "mode", "kind", "verdict", "claim", "observed", "condition", "seeds", "seeds_agree",
            "missing", "source", "note"]
 
 
@@ -181,7 +181,7 @@ def _best(claim: BestClaim, reader: _Reader, unit: str) -> tuple[list[_Check], s
     return out, cond
 
 
-def evaluate_one(study: StudySpec, runs: StudyRuns, claim, smoke: bool = False) -> dict:
+def evaluate_one(study: StudySpec, runs: StudyRuns, claim, smoke: bool = False, mode: str = "") -> dict:
     reader = _Reader(study, runs)
     checks, condition = _checks(claim, reader)
     if reader.missing:
@@ -191,7 +191,7 @@ def evaluate_one(study: StudySpec, runs: StudyRuns, claim, smoke: bool = False) 
     agree, paired = sum(c.agree for c in checks), sum(c.paired for c in checks)
     return {
         "smoke_run": SMOKE_COLUMN if smoke else "",
-        "id": claim.id, "kind": claim.kind, "verdict": verdict, "claim": claim.claim,
+        "id": claim.id, "mode": mode, "kind": claim.kind, "verdict": verdict, "claim": claim.claim,
         "observed": "; ".join(c.text for c in checks), "condition": condition,
         "seeds": min(reader.seeds) if reader.seeds else 0,
         "seeds_agree": f"{agree}/{paired}" if checks else "",
@@ -207,12 +207,13 @@ def _markdown(title: str, intro: list[str], frame: pd.DataFrame) -> str:
     out = [f"# {title}", "", *(f"{line}  " for line in intro), ""]
     if frame.empty:
         return "\n".join(out + ["This study lists no claims."]) + "\n"
-    head = ["id", "verdict", "claim", "observed (mean over seeds)", "condition", "seeds", "seeds agreeing", "source"]
+    head = ["id", "mode", "verdict", "claim", "observed (mean over seeds)", "condition", "seeds", "seeds agreeing",
+            "source"]
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in frame.itertuples():
         observed = r.observed if not r.missing else "; ".join(x for x in (f"missing: {r.missing}", r.observed) if x)
-        out.append("| " + " | ".join(_md(x) for x in (r.id, f"**{r.verdict}**", r.claim, observed, r.condition,
-                                                     r.seeds, r.seeds_agree, r.source)) + " |")
+        out.append("| " + " | ".join(_md(x) for x in (r.id, r.mode, f"**{r.verdict}**", r.claim, observed,
+                                                     r.condition, r.seeds, r.seeds_agree, r.source)) + " |")
     notes = [f"- {r.id}: {_md(r.note)}" for r in frame.itertuples() if r.note]
     if notes:
         out += ["", "Notes:", "", *notes]
@@ -224,8 +225,8 @@ def _html(title: str, intro: list[str], frame: pd.DataFrame, smoke: bool) -> str
     if frame.empty:
         body.append("<p>This study lists no claims.</p>")
         return html_page(title, body, smoke)
-    head = ["id", "verdict", "claim", "observed (mean over seeds)", "condition", "seeds", "seeds agreeing", "source",
-            "note"]
+    head = ["id", "mode", "verdict", "claim", "observed (mean over seeds)", "condition", "seeds", "seeds agreeing",
+            "source", "note"]
     body.append("<table><thead><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>")
     for r in frame.itertuples():
         observed = "<br>".join(html.escape(x) for x in r.observed.split("; ") if x)
@@ -233,7 +234,8 @@ def _html(title: str, intro: list[str], frame: pd.DataFrame, smoke: bool) -> str
             observed = (f'<span class="missing">missing: {html.escape(r.missing)}</span>'
                         + ("<br>" + observed if observed else ""))
         cls = r.verdict.replace(" ", "-")
-        cells = [html.escape(r.id), f'<span class="{cls}">{html.escape(r.verdict)}</span>', html.escape(r.claim),
+        cells = [html.escape(r.id), html.escape(r.mode), f'<span class="{cls}">{html.escape(r.verdict)}</span>',
+                 html.escape(r.claim),
                  observed, html.escape(r.condition), str(r.seeds), html.escape(r.seeds_agree), html.escape(r.source),
                  html.escape(r.note)]
         body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
@@ -246,7 +248,13 @@ def evaluate_claims(study: StudySpec, summaries: Sequence[str | Path], out_dir: 
     an empty list: no runs yet); write claims.md, claims.csv and claims.html into `out_dir`."""
     runs = load_runs(study, summaries)
     smoke = is_smoke(study, runs)
-    frame = pd.DataFrame([evaluate_one(study, runs, c, smoke) for c in study.claims], columns=COLUMNS)
+    rows = []
+    for c in study.claims:
+        text = with_text_variants(c, study.text_variants)
+        rows.append(evaluate_one(study, runs, c, smoke, "as run" if text else ""))
+        if text:  # the same claim with the text-as-written variants: which of the two reproduces
+            rows.append(evaluate_one(study, runs, text, smoke, "text"))
+    frame = pd.DataFrame(rows, columns=COLUMNS)
     title = f"{SMOKE_TITLE if smoke else ''}Claims: {study.title}"
     counts = frame["verdict"].value_counts()
     intro = [f"Study {study.study}; seeds {', '.join(map(str, study.seeds))}; our protocol: "
@@ -254,6 +262,9 @@ def evaluate_claims(study: StudySpec, summaries: Sequence[str | Path], out_dir: 
              "Each claim is checked on the means over seeds (accuracy in %, differences in percentage points (pp); "
              "bytes in GB); 'seeds agreeing' counts the seeds (paired across the compared runs) for which the "
              "condition holds on its own.",
+             *(["A claim about a seed method is checked twice: 'as run' (the authors' code's behaviour, the "
+                "default) and 'text' (the paper's text as written: " + ", ".join(
+                    f"{t} for {a}" for a, t in study.text_variants.items()) + ")."] if study.text_variants else []),
              f"{len(frame)} claims: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in (REPRODUCED, NOT_REPRODUCED,
                                                                                       NOT_RUN)) + "."]
     out = Path(out_dir)

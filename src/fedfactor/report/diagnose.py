@@ -15,14 +15,18 @@ split history (rounds x units, units sorted by how often they were shared) and t
 whose state did not change since the previous analysed round (001 Figure 7) are drawn too.
 
 A run folder contributes when its summary.json lists `analysed_layers` ({"<index>": "<module>"})
-and it holds client_weights.npz ("<module>.weight": K x d x ... weights of the K clients). Runs
-without them are listed with the reason and skipped; a layer the analysis fails on (NaN weights)
-gets a row with the error text. Outputs (in `out_dir`, every one written atomically):
-diagnostics.csv (one row per run x layer), eigenvalues.csv (the eigenvalue curves), diagnostics.md
-(means over seeds per scenario x method x layer), communalities.png, eigenvalues.png and, when a
-FedFac run is among them, split_history.png and stability.png, each figure with a .pdf twin. Each run with an MLflow run gets its
-numbers as metrics `fa.<index>.<name>` and its own rows and figures as artifacts under
-diagnostics/ (warnings only when that fails).
+and it holds client_weights.npz ("<module>.weight": K x d x ... weights of the K clients). A layer
+that computes its weight from factors (Factorized-FL, FedDecomp, pFedPara) is analysed through its
+effective weight, kept in the plain layer's shape (job.save_client_weights): u v^T + mu with mu as
+trained (not pruned), sigma + tau, W_1 o (W_2 + 1). Runs without them (FedEM, whose mixture has no
+single layer; such methods' runs by an older fedfactor) are listed with the reason and skipped; a
+layer the analysis fails on (NaN weights) gets a row with the error text. Outputs (in `out_dir`,
+every one written atomically): diagnostics.csv (one row per run x layer), eigenvalues.csv (the
+eigenvalue curves), diagnostics.md (means over seeds per scenario x method x layer),
+communalities.png, eigenvalues.png and, when a FedFac run is among them, split_history.png and
+stability.png, each figure with a .pdf twin. Each run with an MLflow run gets its numbers as metrics
+`fa.<index>.<name>` and its own rows and figures as artifacts under diagnostics/ (warnings only when
+that fails).
 """
 
 from __future__ import annotations

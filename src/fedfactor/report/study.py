@@ -405,13 +405,38 @@ class StudySpec(_Strict):
     methods: Annotated[dict[Name, MethodEntry], Field(min_length=1)]
     paper: PaperSpec | None = None
     claims: list[Claim] = []
+    # as-run label -> the label of its text-as-written variant: every claim naming an as-run label is
+    # also checked with the text variants in its place, so the claims say which one reproduces
+    text_variants: dict[Name, Name] = {}
 
     @model_validator(mode="after")
     def _references(self) -> StudySpec:
-        problem = reference_problem(self.paper, self.claims, self.scenarios, list(self.methods))
+        problem = (reference_problem(self.paper, self.claims, self.scenarios, list(self.methods))
+                   or variants_problem(self.text_variants, list(self.methods)))
         if problem:
             raise ValueError(problem)
         return self
+
+
+def variants_problem(text_variants: Mapping[str, str], methods: Sequence[str]) -> str | None:
+    """The first label of a `text_variants` pair that the study does not list."""
+    for label in (*text_variants, *text_variants.values()):
+        if label not in methods:
+            return f"text_variants names method {label!r}, which the study does not list ({', '.join(methods)})"
+    return None
+
+
+def with_text_variants(claim: Any, text_variants: Mapping[str, str]) -> Any | None:
+    """The claim with each as-run label replaced by its text variant; None when it names none."""
+    if not any(s.method in text_variants for s in claim.sides()):
+        return None
+
+    def swap(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: text_variants.get(v, v) if k == "method" else swap(v) for k, v in value.items()}
+        return [swap(v) for v in value] if isinstance(value, list) else value
+
+    return TypeAdapter(Claim).validate_python(swap(claim.model_dump(by_alias=True, exclude_none=True)))
 
 
 def reference_problem(paper: PaperSpec | None, claims: Sequence[Any], scenarios: Sequence[str],
@@ -493,7 +518,9 @@ def check_study_sections(config: Mapping[str, Any], numbers_dir: str | Path | No
         claims = TypeAdapter(list[Claim]).validate_python(config.get("claims") or [])
     except ValidationError as err:
         raise UsageError(f"study {study}: {_message(err, 'claims.')}") from None
-    problem = reference_problem(paper, claims, list(config.get("scenarios") or {}), list(config.get("methods") or {}))
+    methods = list(config.get("methods") or {})
+    problem = (reference_problem(paper, claims, list(config.get("scenarios") or {}), methods)
+               or variants_problem(config.get("text_variants") or {}, methods))
     if problem:
         raise UsageError(f"study {study}: {problem}")
     if paper is not None:
