@@ -164,7 +164,7 @@ def test_mu_is_pruned_when_evaluated_and_counted_per_round(tiny):
 def test_with_one_client_every_method_is_local_training(tiny, name, reference):
     base = [*tiny, "fl.clients=1", "fl.rounds=2"]
     # nothing pruned in transit, and no head reset (factorized_local shares nothing to reset for)
-    params = ["method.mu_threshold=0", "method.reset_head=false"]
+    params = ["method.mu_threshold=0", "method.reset_head=false", "method.keep_optimizer=false"]
     if name.startswith("simfed") and reference != "local":
         params += ["method.layout=simfed", "method.l1=1e-4"]
 
@@ -332,3 +332,16 @@ def test_a_run_that_matched_nobody_says_so_with_the_best_similarity_against_tau(
     assert f"{best:.4f}" in line and "method.tau=1.5" in line
     matched = _sim(tiny, "method.name=factorized_fl_alpha_text", "method.tau=-1")
     assert matched.method.run_warnings([r.diagnostics for r in matched.run()]) == []
+
+
+def test_as_run_keeps_each_clients_momentum_across_rounds_and_the_text_restarts_it(tiny):
+    sim = _sim(tiny, "method.name=factorized_fl_alpha")
+    sim.run_round(1)
+    kept = {k: t for k, t in sim.states[0].items() if k.startswith("optim.factorized.")}
+    assert set(kept) == {f"optim.factorized.{p}.momentum_buffer" for p in sim.ctx.param_keys}
+    assert not any(k.startswith("optim.") for k in sim.method.upload(0, sim.states[0]))  # never sent
+    (phase,) = sim.method.plan(0, sim.states[0], {})
+    assert phase.keep_optimizer == "factorized"
+    text = _sim(tiny, "method.name=factorized_fl_alpha_text")
+    text.run_round(1)
+    assert not any(k.startswith("optim.") for k in text.states[0])

@@ -27,6 +27,8 @@ written. README, "Factorized-FL and SimFed", has the switch-by-switch table with
   count (all 20 of its 20 clients in the standard tasks, 10 under permuted labels): all clients
   where heads are shared, half (rounded up) where they are local. paper: the clients with
   sigma >= tau (eqs. 4-5) by v^{L-1}. tau 0 and epsilon 1 are the official label-task settings.
+- `keep_optimizer`: official: a client's SGD state (momentum) is saved with it and reloaded the next
+  round; the text is silent, so the `_text` variants restart it every round, as every other method.
 - `init: scaled` starts u v^T at the replaced layer's weight scale (an option for models without
   BatchNorm). A client that has not uploaded yet receives the sample-weighted mean of the stored
   uploads (the official code's rule); in round 1, the initial model's shared entries.
@@ -78,6 +80,7 @@ class FactorizedFL(Method):
         "num_matched": 3,  # random / worst matching: clients mixed in besides self
         "match_layer": "last_conv",  # last_conv (official code) | before_head (the paper's v^{L-1})
         "reset_head": True,  # where heads are shared, reset the head to the initial one every round (official)
+        "keep_optimizer": True,  # each client's SGD momentum carries over to its next round (official) | restart
     }
     factorized = True  # False: similarity matching on an unfactorized model (SimFed ablation)
     key_name = "similarity_v"  # the diagnostic name of the similarity clients are matched on
@@ -281,10 +284,12 @@ class FactorizedFL(Method):
         return state
 
     def plan(self, k, state, received):
+        # The official client saves its optimizer with its state and reloads it the next round.
+        keep = "factorized" if self.hp.keep_optimizer else None
         if not (self.factorized and self.hp.use_mu and self.hp.l1_mode == "paper" and self.hp.l1 > 0):
-            return [Phase(epochs=self.ctx.epochs)]  # official: the code's L1 is on detached tensors
+            return [Phase(epochs=self.ctx.epochs, keep_optimizer=keep)]  # official: its L1 is on detached tensors
         # A bound method, equal for every client: clients' plans compare equal and can train batched.
-        return [Phase(epochs=self.ctx.epochs, loss=self._sparsity, loss_name="l1")]
+        return [Phase(epochs=self.ctx.epochs, loss=self._sparsity, loss_name="l1", keep_optimizer=keep)]
 
     def _sparsity(self, params, batch, logits):
         return self.hp.l1 * sum(params[key].abs().sum() for key in self.mu_keys)
@@ -320,7 +325,8 @@ _variant("factorized_fl_beta", "Factorized-FL beta (000): shares U, V and sparse
         "of v^{L-1}", share="uvm", share_bn=True)
 # The paper's text as written, where it differs from the official code (README's table).
 TEXT = dict(layout="paper", mu_init="zero", bias_init="layer", l1_mode="paper", mu_send="pruned", share_bn=False,
-            share_bias=False, weighting="paper", minimum_aggr=1, match_layer="before_head", reset_head=False)
+            share_bias=False, weighting="paper", minimum_aggr=1, match_layer="before_head", reset_head=False,
+            keep_optimizer=False)
 _variant("factorized_fl_alpha_text", "Factorized-FL alpha as the paper's text describes it (ablation of the as-run "
          "default): L1 with a gradient, mu from zero, U alone shared, threshold matching on v^{L-1}", **TEXT)
 _variant("factorized_fl_beta_text", "Factorized-FL beta as the paper's text describes it (ablation of the as-run "

@@ -36,8 +36,9 @@ CRITERIA = "simfed.criteria"  # the client's copy of x_N, kept in its state
 class SimFed(FactorizedFL):
     name = "simfed"
     # No SimFed code was published. Its matching follows its text (tau 0.9, alpha 30, threshold rule);
-    # its layers follow the official code of its successor, Factorized-FL, which still computes
-    # SimFed's criteria-input embeddings (L1 without gradient, dense mu Xavier, M sent unpruned).
+    # its layers and client follow the official code of its successor, Factorized-FL, which still
+    # computes SimFed's criteria-input embeddings (L1 without gradient, dense mu Xavier, M sent
+    # unpruned, SGD momentum kept across rounds).
     # `simfed_text` is the text throughout.
     defaults = {**FactorizedFL.defaults, "layout": "simfed", "l1": 1e-4, "mu_threshold": 1e-4, "share": "uvm",
                 "share_bn": True, "tau": 0.9, "epsilon": 30.0, "num_matched": 2, "criteria_inputs": 1,
@@ -74,7 +75,8 @@ class SimFed(FactorizedFL):
 
 
 variant("simfed_text", "SimFed as its text describes it (ablation of the default): L1 with a gradient, mu from "
-        "zero, M sent pruned", SimFed, l1_mode="paper", mu_init="zero", bias_init="layer", mu_send="pruned")
+        "zero, M sent pruned, optimizer restarted every round", SimFed, l1_mode="paper", mu_init="zero",
+        bias_init="layer", mu_send="pruned", keep_optimizer=False)
 variant("simfed_random", "SimFed reflecting 2 random clients (003 Table 3)", SimFed, matching="random")
 variant("simfed_worst", "SimFed reflecting the 2 least similar clients (003 Table 3)", SimFed, matching="worst")
 variant("simfed_no_mask", "SimFed without the sparse masks phi (003 Table 4)", SimFed, use_mu=False)
