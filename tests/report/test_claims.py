@@ -193,6 +193,23 @@ def test_a_claim_about_an_as_run_method_is_checked_again_with_its_text_variant(r
     assert "| above | text | **not reproduced** |" in md and "'text'" in md
 
 
+def test_every_kind_of_claim_swaps_its_as_run_labels_for_the_text_variants(runs, tmp_path):
+    for seed, acc in enumerate([0.50, 0.52, 0.54]):
+        _run(runs, "s1", "c", seed, acc)
+        _run(runs, "s2", "a", seed, 0.70)
+        _run(runs, "s2", "c", seed, 0.52)
+    claims = [_claim("best", kind="best", method="a", among=["b"], scenarios=["s1"]),
+              _claim("drop", kind="drop", method="a", **{"from": ["s2"], "to": ["s1"]}),
+              _claim("close", kind="close", a="a", b="b", scenarios=["s1"], tolerance=1.0),
+              _claim("ratio", kind="ratio", a="a", b="b", scenarios=["s1"], max=1.0)]
+    study = _study(claims, implemented=("a", "b", "c", "local"), text_variants={"a": "c"})
+    frame = evaluate_claims(study, [runs / "runs"], tmp_path / "out")
+    text = frame[frame["mode"] == "text"].set_index("id")
+    assert sorted(text.index) == ["best", "close", "drop", "ratio"]
+    assert all("a " not in o and " a:" not in o for o in text["observed"])
+    assert "c 52.00" in text.loc["best", "observed"] and text.loc["best", "verdict"] == "not reproduced"
+
+
 def test_text_variants_must_name_listed_methods():
     with pytest.raises(ValueError, match="text_variants names method 'nope'"):
         _study([], text_variants={"a": "nope"})

@@ -433,7 +433,9 @@ def with_text_variants(claim: Any, text_variants: Mapping[str, str]) -> Any | No
 
     def swap(value: Any) -> Any:
         if isinstance(value, dict):
-            return {k: text_variants.get(v, v) if k == "method" else swap(v) for k, v in value.items()}
+            # a side is {"method": label, ...}; a claim's own `method` may be such a side
+            return {k: text_variants.get(v, v) if k == "method" and isinstance(v, str) else swap(v)
+                    for k, v in value.items()}
         return [swap(v) for v in value] if isinstance(value, list) else value
 
     return TypeAdapter(Claim).validate_python(swap(claim.model_dump(by_alias=True, exclude_none=True)))
