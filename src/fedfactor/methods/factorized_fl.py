@@ -9,7 +9,8 @@ clients whose v^{L-1} (the layer before the classifier) is most similar to its o
 
 Defaults are the official code's behaviour ("as run", wyjeong/Factorized-FL, the code behind the
 paper's numbers); `factorized_fl_alpha_text` and `factorized_fl_beta_text` are the paper's text as
-written. README, "Factorized-FL and SimFed", has the switch-by-switch table with measured effects.
+written. README, "As run: the authors' code and the papers' text", has the switch-by-switch table with
+measured effects.
 - `l1_mode`: official: the L1 term on mu is computed on detached tensors, so it has no gradient;
   paper: lambda ||M||_1 (eq. 6) with a real gradient.
 - `mu_init`/`bias_init`: official: a fully connected layer's mu and every bias start Xavier-uniform,
