@@ -2,10 +2,13 @@
 
 Every Conv2d and Linear is factorized as W = pi(u v^T + mu) (`fedfactor.nn.factorize`). After each
 round the server holds every client's last upload; client k then downloads its own mixture of the
-clients whose v^{L-1} (the layer before the classifier) is most similar to its own (eqs. 4-5).
+clients whose key v (of the last convolution as run; v^{L-1} in the text) is most similar to its
+own (eqs. 4-5).
 
-    alpha (share=u):   upload U (every layer's u) and v^{L-1}; download the personalised U.
-    beta  (share=uvm): upload and download U, V and M (mu sent sparse) and the other parameters.
+    alpha (share=u):   upload U (as run also the biases and BN affine) and the key v; download the
+                       personalised share.
+    beta  (share=uvm): upload and download U, V and M (dense as run, pruned and sparse in the text)
+                       and the other parameters.
 
 Defaults are the official code's behaviour ("as run", wyjeong/Factorized-FL, the code behind the
 paper's numbers); `factorized_fl_alpha_text` and `factorized_fl_beta_text` are the paper's text as
