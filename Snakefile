@@ -58,3 +58,28 @@ else:
     rule all:
         input:
             study_targets(),
+
+    # The terminal of a run: one line per finished training run (`fedfactor progress`, called by the
+    # train rule) instead of Snakemake's per-job blocks, unless --verbose or --printshellcmds asks for
+    # them; live.md holds the table so far; after Ctrl-C or a failed job, the very last lines say what
+    # is done and how to resume.
+    import atexit
+    import sys
+
+    from snakemake.logging import logger
+
+    from fedfactor.progress import finished_message, quiet_terminal, start_message, stopped_message, write_plan
+
+    quiet_terminal(logger, workflow)
+
+    onstart:
+        write_plan(STUDY_DIR, [f"{s}/{m}/seed{seed}" for s in SCENARIOS for m in METHODS for seed in SEEDS],
+                   sys.argv, title=TITLE)
+        print(start_message(STUDY_DIR), flush=True)
+
+    onsuccess:
+        print(finished_message(STUDY_DIR, rules.table.output.md), flush=True)
+
+    onerror:
+        # registered now, printed at exit: after Snakemake's own closing lines
+        atexit.register(print, stopped_message(STUDY_DIR), file=sys.stderr, flush=True)

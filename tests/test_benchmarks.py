@@ -155,6 +155,20 @@ def test_memory_child_and_rows(tmp_path, monkeypatch):
     assert len(per_client) == 2 * len(memory.METHODS) and all(r["ratio"] == 1.0 for r in per_client)
 
 
+def test_startup_marks_each_phase_of_a_fresh_job_once(tmp_path, tiny):
+    import os
+
+    from benchmarks import startup
+
+    sets = [a for s in tiny + ["fl.rounds=1", f"data.root={tmp_path}"] for a in ("--set", s)]
+    cost = startup.job_cost([*sets, "--out", str(tmp_path / "run")], {**os.environ, "OMP_NUM_THREADS": "1"}, tmp_path)
+    assert (tmp_path / "run" / "summary.json").exists()  # the job ran on to its end
+    assert all(cost[k] >= 0 for k in (*startup.PHASES, "to_round1", "round1_and_end", "exit", "total"))
+    assert sum(cost[k] for k in startup.PHASES) == pytest.approx(cost["to_round1"])
+    assert cost["to_round1"] + cost["round1_and_end"] + cost["exit"] == pytest.approx(cost["total"])
+    assert cost["dynamo_before_round1"] == 0  # the module docstring's claim: torch imports it in round 1
+
+
 def test_memory_counts_a_shared_storage_once():
     t = torch.zeros(10)
     assert memory.held_bytes([{"a": t, "b": t[:5]}, {"c": t}]) == 40

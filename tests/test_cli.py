@@ -136,6 +136,50 @@ def test_bad_input_is_one_line_exit_2_and_no_output(tmp_path, tiny, capsys, sets
     assert not out.exists()
 
 
+def test_train_sets_torch_threads_before_any_work(tmp_path, tiny, monkeypatch, capsys):
+    import torch
+
+    from fedfactor.errors import UsageError
+
+    seen = []
+
+    def train(cfg, out):  # the job's first step: record the threads it would train with
+        seen.append(torch.get_num_threads())
+        raise UsageError("stopped before training")
+
+    monkeypatch.setattr("fedfactor.job.train", train)
+    before = torch.get_num_threads()
+    try:
+        for extra in (["--threads", "2"], [], ["--threads", "0"]):
+            torch.set_num_threads(3)
+            assert main(["train", *_sets(tiny), "--out", str(tmp_path / "run"), *extra]) == 2
+        assert seen == [2, 1, 3]  # 2 as asked, 1 by default, and 0 leaves torch's count as it is
+        capsys.readouterr()
+        assert main(["train", *_sets(tiny), "--out", str(tmp_path / "run"), "--threads", "-1"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--threads" in err and len(seen) == 3
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_train_threads_reach_both_of_torchs_pools_in_a_fresh_process(tmp_path, tiny):
+    import os
+    import subprocess
+    import sys
+
+    # The job replaced by a report of torch's threads, in a process where nothing has run yet.
+    code = ("import sys, torch; import fedfactor.job as job; from fedfactor.cli import main\n"
+            "def train(cfg, out):\n"
+            "    print(torch.get_num_threads(), torch.get_num_interop_threads()); sys.exit(0)\n"
+            "job.train = train\n"
+            "main(sys.argv[1:])\n")
+    args = ["train", *_sets(tiny), "--out", str(tmp_path / "run"), "--threads", "2"]
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["2", "2"]
+
+
 def test_lists_name_one_entry_per_line(capsys):
     assert main(["methods"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -32,5 +32,39 @@ def test_conda_env_has_pyprojects_dependencies_with_the_same_bounds():
 def test_every_rule_that_runs_fedfactor_runs_in_the_conda_env():
     for smk in (REPO / "workflow" / "rules").glob("*.smk"):
         text = smk.read_text()
-        commands = re.findall(r"\n    shell:\n        \"(?:OMP_NUM_THREADS=\{threads\} )?fedfactor ", text)
-        assert len(commands) == text.count("\n    shell:") == text.count("    conda:\n        CONDA_ENV\n    shell:"), smk.name
+        # a rule's shell: its indented string lines, up to the next blank line
+        shells = re.findall(r"\n    shell:\n((?:        .*\n?)+)", text)
+        assert all(re.search(r"(^|[\"; ]|\} )fedfactor ", s) for s in shells), smk.name
+        assert len(shells) == len(re.findall(r"    conda:\n        CONDA_ENV\n(?:    #.*\n)*    shell:", text)), smk.name
+
+
+def _installs(requirements: list[str]) -> set[str]:
+    """Every distribution `pip install` of these requirements brings in, from the installed packages'
+    own metadata (extras followed, environment markers evaluated here)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+
+    seen: set[str] = set()
+    todo = [(Requirement(r), "") for r in requirements]
+    while todo:
+        req, extra = todo.pop()
+        if req.marker and not req.marker.evaluate({"extra": extra}):
+            continue
+        name = req.name.lower().replace("_", "-")
+        key = name + "".join(f"[{e}]" for e in sorted(req.extras))
+        if key in seen:
+            continue
+        seen |= {key, name}
+        try:
+            deps = requires(name) or []
+        except PackageNotFoundError:
+            continue
+        todo += [(Requirement(d), e) for e in ("", *req.extras) for d in deps]
+    return seen
+
+
+def test_the_plain_install_can_build_the_snakemake_report():
+    # `snakemake --report` imports pygments, which snakemake gets only through its `reports` extra
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert "pygments" in _installs(project["dependencies"])

@@ -449,6 +449,7 @@ def test_a_round_that_dropped_every_clients_update_is_a_warning(tmp_path, monkey
     with caplog.at_level("WARNING", logger="fedfactor"):
         summary = train(load_config(None, [*TINY, "fl.on_divergence=skip"]), tmp_path)
     assert summary["skipped_updates"] == [[1, 0], [1, 1], [1, 2], [1, 3], [2, 1]]
-    (line,) = summary["warnings"]
-    assert line.startswith("1 round(s) dropped the update of every client") and "rounds 1;" in line
-    assert line in caplog.text
+    every, partly = summary["warnings"]
+    assert every.startswith("1 round(s) dropped the update of every client") and "rounds 1;" in every
+    assert partly.startswith("1 client update(s) diverged and were dropped") and ": round 2 client 1;" in partly
+    assert every in caplog.text and partly in caplog.text

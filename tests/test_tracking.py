@@ -217,3 +217,19 @@ def test_import_rejects_bad_paths_and_partial_runs(tmp_path):
     with pytest.raises(UsageError, match="bad/config.yaml"):
         import_runs([good, bad], uri, "e")
     assert not (tmp_path / "mlflow.db").exists()  # every directory is checked before any write
+
+
+def test_experiments_are_filed_as_model_training_not_genai(tmp_path):
+    # MLflow 3's UI opens an experiment by its kind tag; untagged ones may open in the GenAI (traces)
+    # view, where training runs look absent.
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    created = init_store(uri, "fresh")
+    client = _client(uri)
+    assert client.get_experiment(created).tags["mlflow.experimentKind"] == "custom_model_development"
+    # a store made before the tag gets it on the next init; a kind a user picked in the UI stays
+    old = client.create_experiment("old")
+    picked = client.create_experiment("picked", tags={"mlflow.experimentKind": "genai_development"})
+    assert "mlflow.experimentKind" not in client.get_experiment(old).tags
+    assert init_store(uri, "old") == old and init_store(uri, "picked") == picked
+    assert client.get_experiment(old).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert client.get_experiment(picked).tags["mlflow.experimentKind"] == "genai_development"

@@ -25,8 +25,8 @@ def test_default_study_dry_run(tmp_path):
     r = _snakemake("-n", "--config", f"results={tmp_path}/results")
     assert r.returncode == 0, r.stderr + r.stdout
     jobs = _job_counts(r.stdout)
-    # 5 scenarios x 24 methods x 2 seeds; one partition per scenario and seed; one dataset
-    assert jobs["train"] == 240 and jobs["partition"] == 10 and jobs["prepare_data"] == 1
+    # 3 scenarios x 8 methods x 2 seeds; one partition per scenario and seed; one dataset
+    assert jobs["train"] == 48 and jobs["partition"] == 6 and jobs["prepare_data"] == 1
     assert jobs["table"] == 1 and jobs["figures"] == 1 and jobs["mlflow_init"] == 1 and jobs["diagnose"] == 1
     assert jobs["study_spec"] == 1 and "paper_tables" not in jobs and "claims" not in jobs  # no paper behind it
 

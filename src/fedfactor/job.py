@@ -246,6 +246,12 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
         shown = ", ".join(map(str, dropped[:10])) + (", ..." if len(dropped) > 10 else "")
         warnings.append(f"{len(dropped)} round(s) dropped the update of every client they trained (their training "
                         f"loss diverged; fl.on_divergence=skip): rounds {shown}; see skipped_updates, lower fl.lr")
+    # the other dropped updates: those clients kept their last state while the round went on
+    partly = [(r.round, k) for r in sim.records if r.skipped and r.round not in dropped for k in r.skipped]
+    if partly:
+        shown = ", ".join(f"round {r} client {k}" for r, k in partly[:10]) + (", ..." if len(partly) > 10 else "")
+        warnings.append(f"{len(partly)} client update(s) diverged and were dropped (fl.on_divergence=skip; the "
+                        f"client kept its last state): {shown}; see skipped_updates, lower fl.lr")
     for line in warnings:
         log.warning("%s: %s", run_name, line)
     summary = {

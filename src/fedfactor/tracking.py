@@ -60,6 +60,11 @@ STEP_METRIC = "bytes_up"  # logged by every round: its steps are the steps a run
 FINAL_KEYS = ("accuracy", "accuracy_mean", "accuracy_std", "accuracy_weighted", "accuracy_best_mean",
               "accuracy_best_weighted", "accuracy_at_best_val", "bytes_up", "bytes_down", "wall_seconds")
 RUN_FILES = ("summary.json", "metrics.csv", "config.yaml", "diagnostics")
+# MLflow 3 files an experiment under a kind, held by this tag (its UI's kind selector writes these
+# values); an experiment without it may open in the GenAI view (traces), where training runs look
+# absent. MLflow 3.17's UI follows its own GenAI / Model training switch instead (README, "MLflow").
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 _PARAM_BATCH = 100  # MLflow caps a log_batch at 100 params ...
 _METRIC_BATCH = 1000  # ... and 1000 metrics
 _PARAM_CHARS = 6000
@@ -149,9 +154,12 @@ def _experiment_id(client, uri: str, name: str, exp_id: str | None) -> str:
             path = _local_path(uri)
             # Artifacts beside the database, so results/ holds the whole store.
             location = (path.parent / "mlartifacts").resolve().as_uri() if uri.startswith("sqlite:") and path else None
-            return client.create_experiment(name, artifact_location=location)
+            return client.create_experiment(name, artifact_location=location,
+                                            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     if exp.lifecycle_stage != "active":
         raise _Fatal(f"experiment {exp.name!r} (id {exp.experiment_id}) is deleted")
+    if EXPERIMENT_KIND_TAG not in exp.tags:  # created before the tag, or by hand; a kind chosen in the UI stays
+        client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     return exp.experiment_id
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
-from .config import load_config
+from .config import load_config, read_mapping
 from .data.datasets import SYNTHETIC_PREFIX
 from .errors import UsageError
 
@@ -43,6 +44,19 @@ def method_sets(entry: dict[str, Any], label: str) -> list[str]:
     return run_sets({**run, "method": entry, "label": label})
 
 
+def partition_sets(run_config: str, overrides: dict[str, Any], data_root: str) -> list[str]:
+    """A scenario's partition as `--set`s for `fedfactor partition`, without its run config: only
+    what `build_partition` reads (the dataset and where it lies, its split, the number of clients, the
+    partition's own fields; the seed comes from the job), resolved, so a change of rounds, model or
+    method, in the study or in its run config, keeps the partitions."""
+    cfg = load_config(run_config, run_sets(overrides, data={"root": data_root}))
+    return run_sets({
+        "data": {key: getattr(cfg.data, key) for key in ("name", "root", "split", "split_mode")},
+        "fl": {"clients": cfg.fl.clients},
+        "partition": cfg.partition.spec(),
+    })
+
+
 def dataset_name(run_config: str, overrides: dict[str, Any]) -> str:
     """The dataset a scenario uses; loading the config here also validates it when the DAG is built."""
     return load_config(run_config, run_sets(overrides)).data.name
@@ -72,6 +86,26 @@ def selected(config: dict[str, Any], key: str) -> list[str]:
         raise UsageError(f"select.{key} names {', '.join(map(repr, unknown))}, which the study does not list; "
                          f"it lists: {', '.join(names)}")
     return [n for n in names if n in wanted]
+
+
+# Study keys that change what runs compute or which runs exist. A config file given after the study's
+# own that sets one of them makes a variant of the study; `results`, `data_root`, `mlflow`,
+# `threads_per_job` and `gpus_per_job` only say where and how.
+VARIANT_KEYS = ("run_config", "scenarios", "methods", "seeds", "overrides", "select", "smoke")
+
+
+def study_folder(config: dict[str, Any], configfiles: list) -> str:
+    """The study's folder under its results root: the study's name, plus `+<stem>` for every config
+    file that makes a variant of it (sets a VARIANT_KEYS key, is not a study file itself, and names no
+    `results:` root of its own), in the order given. So `--configfile study.yaml mine.yaml` writes to
+    `<results>/<study>+mine` and never into the study's own runs; a scale file with its own `results:`
+    (config/scale/*.yaml) keeps `<its results>/<study>`."""
+    folder = config["study"]
+    for path in configfiles:
+        raw = read_mapping(path)
+        if "study" not in raw and "results" not in raw and any(key in raw for key in VARIANT_KEYS):
+            folder += "+" + slug(Path(path).stem)
+    return folder
 
 
 def scenario_overrides(config: dict[str, Any], scenario: str) -> dict[str, Any]:

@@ -38,6 +38,7 @@ SCALE = {
     "fedfac.yaml": {"fl": {"epochs": 1, "clients": 4}, "model": {"pretrained": False}},
     "feddecomp.yaml": {"fl": {"clients": 4}, "partition": {"samples_per_client": {"train": 10, "val": 4, "test": 4}}},
     "feddecomp_digits.yaml": {"fl": {"clients": 4}},
+    "digits.yaml": {"fl": {"epochs": 1}},  # the full grid (default_grid.yaml): the default study's run config
 }
 
 

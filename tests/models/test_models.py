@@ -18,14 +18,26 @@ SHAPES = [
     ("cnn", (3, 32, 32)),
     ("mlp", (3, 32, 32)),
     ("resnet9", (3, 32, 32)),
+    ("cnn_bn", (1, 8, 8)),
+    ("cnn_bn", (3, 32, 32)),
 ]
 
 
 def test_registry_lists_every_model_with_a_one_line_description():
     described = dict(MODELS.describe())
-    assert set(described) == {"resnet9", "cnn", "mlp", "resnet18", "vgg16", "femnist_cnn", "resnet8", "resnet10",
+    assert set(described) == {"resnet9", "cnn", "cnn_bn", "mlp", "resnet18", "vgg16", "femnist_cnn", "resnet8", "resnet10",
                               "resnet8_cifar", "resnet10_cifar"}
     assert all(d and "\n" not in d for d in described.values())
+
+
+def test_cnn_bn_has_batchnorm_after_each_conv_and_one_hidden_layer_before_the_head():
+    model = build_model("cnn_bn", 1, 8, 8, 10)
+    kinds = [type(m).__name__ for m in model.body.modules() if isinstance(m, (nn.Conv2d, nn.BatchNorm2d, nn.Linear))]
+    assert kinds == ["Conv2d", "BatchNorm2d", "Conv2d", "BatchNorm2d", "Linear"]
+    assert all(m.bias is None for m in model.modules() if isinstance(m, nn.Conv2d))  # BN's shift replaces it
+    assert model.head.in_features == 128
+    # 1*32*9 + 32*64*9 + 64*2*2*128 (+ biases, BN affine, head)
+    assert sum(p.numel() for p in model.parameters()) == 288 + 18_432 + 32_768 + 128 + 2 * (32 + 64) + 1_290
 
 
 def test_resnet9_weight_count_matches_supplement_table4():
@@ -47,7 +59,7 @@ def test_output_shapes(name, shape):
     assert first.grad is not None and first.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("name", ["resnet9", "cnn", "mlp"])
+@pytest.mark.parametrize("name", ["resnet9", "cnn", "cnn_bn", "mlp"])
 def test_head_is_the_final_linear_and_owns_the_head_keys(name):
     model = build_model(name, 3, 32, 32, 13)
     assert model.head_name == type(model).head_name == "head"
@@ -79,7 +91,7 @@ def test_resnet9_rejects_images_too_small():
 
 
 def test_bad_model_requests():
-    choices = "cnn, femnist_cnn, mlp, resnet10, resnet10_cifar, resnet18, resnet8, resnet8_cifar, resnet9, vgg16"
+    choices = "cnn, cnn_bn, femnist_cnn, mlp, resnet10, resnet10_cifar, resnet18, resnet8, resnet8_cifar, resnet9, vgg16"
     with pytest.raises(UsageError, match=f"unknown model 'vgg'; choose one of: {choices}"):
         build_model("vgg", 3, 32, 32, 10)
     with pytest.raises(UsageError, match="num_classes must be an integer >= 1"):

@@ -16,16 +16,23 @@ rule prepare_data:
         "fedfactor prepare-data --dataset {params.name:q} --root {params.root:q} --out {output:q} > {log:q} 2>&1"
 
 
+# Each scenario's partition as the `--set`s that define it and nothing else (not the run config's
+# file, rounds or method), so changing those keeps the partitions and the runs that use them.
+PARTITION_SETS = {s: _quoted(partition_sets(RUN_CONFIG, OVERRIDES[s], config["data_root"])) for s in SCENARIOS}
+
+
 rule partition:
     """Split the dataset among clients for one scenario and seed (a JSON file of index lists), shared by
     every method of the study."""
     input:
         data=lambda w: f"{RESULTS}/data/{slug(DATASETS[w.scenario])}.json",
-        run_config=RUN_CONFIG,
     output:
         f"{STUDY_DIR}/partitions/{{scenario}}/seed{{seed}}.json",
+    # Before any training run: each takes seconds, and with a lower priority than the training runs
+    # (train.smk) a seed-0 partition waited for seed-1 runs whose partition happened to be ready.
+    priority: len(SEEDS) + 1
     params:
-        sets=scenario_sets,
+        sets=lambda w: PARTITION_SETS[w.scenario],
     log:
         f"{STUDY_DIR}/logs/partition/{{scenario}}/seed{{seed}}.log",
     benchmark:
@@ -33,5 +40,5 @@ rule partition:
     conda:
         CONDA_ENV
     shell:
-        "fedfactor partition --config {input.run_config:q} {params.sets} --set seed={wildcards.seed}"
+        "fedfactor partition {params.sets} --set seed={wildcards.seed}"
         " --out {output:q} > {log:q} 2>&1"

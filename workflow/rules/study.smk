@@ -1,6 +1,7 @@
 # A study's scenarios, methods and seeds, what its jobs are told, and what `all` builds. Not included
 # for a simulation study (`simulation:` in its config).
-STUDY_DIR = f"{RESULTS}/{config['study']}"
+# A scale or override file given after the study writes to a folder of its own (study_folder).
+STUDY_DIR = f"{RESULTS}/{study_folder(config, workflow.configfiles)}"
 RUN_CONFIG = config["run_config"]
 # One SQLite store per results folder unless the study names another (an `mlflow server` on a cluster).
 MLFLOW_URI = config["mlflow"].get("uri") or f"sqlite:///{RESULTS}/mlflow.db"

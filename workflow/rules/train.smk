@@ -1,3 +1,6 @@
+from pathlib import Path
+
+
 rule mlflow_init:
     """Create the MLflow store and experiment once, so parallel training jobs never race to."""
     output:
@@ -30,7 +33,11 @@ rule train:
         sets=train_sets,
         out=lambda w, output: os.path.dirname(output.summary),
         uri=MLFLOW_URI,
+        study=lambda w, output: str(Path(output.summary).parents[4]),  # STUDY/runs/SCENARIO/METHOD/seedN/
     threads: config["threads_per_job"]
+    # One seed of every (scenario, method) cell first, then the next seed: the first complete table
+    # (live.md) appears after a fraction of the study.
+    priority: lambda w: len(SEEDS) - SEEDS.index(int(w.seed))
     resources:
         gpu=config["gpus_per_job"],
     log:
@@ -39,8 +46,15 @@ rule train:
         f"{STUDY_DIR}/benchmarks/train/{{scenario}}/{{method}}/seed{{seed}}.tsv"
     conda:
         CONDA_ENV
+    # Snakemake deletes a job's log before the job starts: the lines of an interrupted attempt (its
+    # "checkpoint written" note) are kept in the run folder's attempts.log and open the resumed job's
+    # log. A finished run prints its line for the terminal and updates live.md (fedfactor progress).
     shell:
-        "OMP_NUM_THREADS={threads} fedfactor train --config {input.run_config:q} {params.sets}"
+        "cat {params.out:q}/attempts.log > {log:q} 2>/dev/null || true; "
+        "OMP_NUM_THREADS={threads} fedfactor train --threads {threads} --config {input.run_config:q} {params.sets}"
         " --set seed={wildcards.seed} --set partition.file={input.partition:q}"
         " --set tracking.uri={params.uri:q} --set tracking.experiment_id=$(cat {input.experiment:q})"
-        " --gpus {resources.gpu} --out {params.out:q} > {log:q} 2>&1"
+        " --gpus {resources.gpu} --out {params.out:q} >> {log:q} 2>&1"
+        " || {{ status=$?; mkdir -p {params.out:q}; cp {log:q} {params.out:q}/attempts.log; exit $status; }}; "
+        "rm -f {params.out:q}/attempts.log; "
+        "fedfactor progress {params.out:q} --study {params.study:q} --elapsed $SECONDS"

@@ -20,7 +20,8 @@ Choices the paper leaves open, and how they are settled (the authors' code is Fe
 FLAIR-Community/Fling, client/fedcac_client.py and group/fedcac_group.py; PFLlib
 clientcac.py/servercac.py port it):
 - tau = 0.5 and beta = 100 are the authors' CIFAR-10 configuration for 004's protocol (Fling
-  argzoo/cifar10/cifar10_fedcac_resnet_config.py); their CIFAR-100 one is tau = 0.4, beta = 170.
+  flzoo/cifar10/cifar10_fedcac_resnet_config.py, formerly argzoo/); their CIFAR-100 one is tau = 0.4,
+  beta = 170.
 - Selection (the authors' code): per parameter tensor, the threshold is the int(tau * n)-th largest
   sensitivity; entries at or above it are critical (ties included). A tensor with int(tau * n) = 0
   has none. If that threshold is <= 1e-10, it becomes the smallest sensitivity above 1e-20, so

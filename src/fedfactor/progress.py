@@ -1,0 +1,230 @@
+"""A running study as the terminal shows it: one line per finished training run, a live results
+table, and what an interrupted study leaves behind.
+
+The workflow writes a plan when it starts (`write_plan`, from the Snakefile's onstart): the runs it
+is to build, the time and the command. Each training job, once its summary.json is written, calls
+`fedfactor progress RUN_FOLDER` (`job_finished`), which prints the run's line and rewrites the
+study's live.md from the summaries that exist. When Snakemake stops early (Ctrl-C, a failed job),
+`stopped_message` counts the finished and checkpointed runs and names the command that resumes them.
+
+Cheap by design: it runs once per training job, so it reads JSON files and file names only; the live
+table imports pandas (the project's table code), never torch.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shlex
+import time
+from pathlib import Path
+from typing import Any
+
+from .io import atomic_write_json, atomic_write_text
+
+PLAN = "progress.json"  # in the study folder
+LIVE = "live.md"  # in the study folder
+CHECKPOINT = "checkpoint.pt"  # fedfactor.job.CHECKPOINT (not imported: that module imports torch)
+
+
+def write_plan(study_dir: str | Path, runs: list[str], command: list[str], title: str = "Results",
+               now: float | None = None) -> Path:
+    """Record the runs this workflow is to build ("scenario/method/seedN", under STUDY/runs/), when
+    it started and the command that started it (`command`: sys.argv)."""
+    path = Path(study_dir) / PLAN
+    atomic_write_json(path, {"runs": list(runs), "started": time.time() if now is None else now,
+                             "command": shlex.join(["snakemake", *command[1:]]), "title": title})
+    return path
+
+
+def read_plan(study_dir: str | Path) -> dict[str, Any]:
+    return json.loads((Path(study_dir) / PLAN).read_text(encoding="utf-8"))
+
+
+def run_states(study_dir: str | Path, runs: list[str]) -> tuple[list[str], list[str]]:
+    """The finished runs (summary.json written) and the checkpointed ones (a checkpoint, no summary)
+    among `runs`."""
+    root = Path(study_dir) / "runs"
+    done = [r for r in runs if (root / r / "summary.json").exists()]
+    checkpointed = [r for r in sorted(set(runs) - set(done), key=runs.index) if (root / r / CHECKPOINT).exists()]
+    return done, checkpointed
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def eta(plan: dict[str, Any], done: list[str], study_dir: str | Path, now: float) -> float | None:
+    """Seconds until the last planned run finishes, at the pace of this workflow so far: the time
+    since it started over the runs it finished (runs finished by an earlier call do not count)."""
+    left = len(plan["runs"]) - len(done)
+    root = Path(study_dir) / "runs"
+    # summary.json is written last, so its time is the run's end; 1 s of slack for coarse clocks
+    new = sum(1 for r in done if (root / r / "summary.json").stat().st_mtime >= plan["started"] - 1)
+    if left == 0 or new == 0:
+        return 0.0 if left == 0 else None
+    return (now - plan["started"]) / new * left
+
+
+def progress_line(run_dir: str | Path, study_dir: str | Path, elapsed: float | None = None,
+                  now: float | None = None) -> str:
+    """One line for the finished run in `run_dir`: its cell, accuracy and time, then the study's runs
+    finished and left and when the last should finish."""
+    now = time.time() if now is None else now
+    summary = json.loads((Path(run_dir) / "summary.json").read_text(encoding="utf-8"))
+    acc = summary.get("accuracy")
+    seconds = summary.get("wall_seconds") if elapsed is None else elapsed
+    cell = f"{summary['scenario']}/{summary['method']}/seed{summary['seed']}"
+    line = (f"[{time.strftime('%H:%M:%S', time.localtime(now))}] {cell}: accuracy "
+            f"{'n/a' if acc is None else f'{100 * acc:.2f}%'}"
+            f"{'' if seconds is None else f' in {_duration(seconds)}'}")
+    try:
+        plan = read_plan(study_dir)
+    except (OSError, ValueError):  # started outside the workflow (or by hand): no plan to count against
+        return line
+    done, _ = run_states(study_dir, plan["runs"])
+    total, left = len(plan["runs"]), len(plan["runs"]) - len(done)
+    line += f" | {len(done)}/{total} runs done, {left} left"
+    remaining = eta(plan, done, study_dir, now)
+    if left and remaining is not None:
+        line += f", ETA {time.strftime('%H:%M', time.localtime(now + remaining))} (in {_duration(remaining)})"
+    return line
+
+
+def live_table(study_dir: str | Path, now: float | None = None) -> str:
+    """The study's results table (`fedfactor table`'s markdown) from the runs finished so far, with
+    what is still missing; written to STUDY/live.md. Concurrent jobs take turns (a lock), so the
+    last one to finish writes the table with the most runs."""
+    from .report.table import aggregate, collect, to_markdown
+
+    now = time.time() if now is None else now
+    study_dir = Path(study_dir)
+    plan = read_plan(study_dir)
+    with open(study_dir / f".{LIVE}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when its holder dies
+        done, checkpointed = run_states(study_dir, plan["runs"])
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+        missing = len(plan["runs"]) - len(done)
+        status = (f"Live table, {stamp}: {len(done)} of {len(plan['runs'])} runs finished"
+                  + (f"; missing: {missing} runs ({len(checkpointed)} checkpointed)" if missing else "; complete")
+                  + ". Seeds per cell in brackets; - = no run of that cell finished yet.")
+        if done:
+            agg = aggregate(collect([study_dir / "runs" / r / "summary.json" for r in done]))
+            # columns and rows in the study's order, not in the order the runs finished
+            cells = [r.split("/")[:2] for r in plan["runs"]]
+            order = {"scenario": list(dict.fromkeys(s for s, _ in cells)),
+                     "method": list(dict.fromkeys(m for _, m in cells))}
+            agg = agg.sort_values(["scenario", "method"], key=lambda col: col.map(order[col.name].index))
+            not_started = [m for m in order["method"] if m not in set(agg["method"])]
+            notes = [status] + ([f"No run finished yet: {', '.join(not_started)}."] if not_started else [])
+            md = to_markdown(agg, f"{plan['title']} (live)", notes)
+        else:
+            md = f"# {plan['title']} (live)\n\n{status}\n"
+        atomic_write_text(study_dir / LIVE, md)
+    return md
+
+
+def job_finished(run_dir: str | Path, study_dir: str | Path, elapsed: float | None = None) -> str:
+    """What `fedfactor progress` does: print the run's line first (it is cheap), then rewrite the
+    live table."""
+    line = progress_line(run_dir, study_dir, elapsed)
+    print(line, flush=True)
+    if (Path(study_dir) / PLAN).exists():
+        live_table(study_dir)
+    return line
+
+
+def start_message(study_dir: str | Path) -> str:
+    plan = read_plan(study_dir)
+    done, checkpointed = run_states(study_dir, plan["runs"])
+    total = len(plan["runs"])
+    resumed = f", {len(checkpointed)} to resume from a checkpoint" if checkpointed else ""
+    return (f"fedfactor: {total} training runs, {len(done)} done{resumed}; one line per finished run below, "
+            f"the table so far in {os.path.join(study_dir, LIVE)}")
+
+
+def finished_message(study_dir: str | Path, table: str | Path) -> str:
+    plan = read_plan(study_dir)
+    done, _ = run_states(study_dir, plan["runs"])
+    where = f"; table: {table}" if Path(table).exists() else ""
+    return f"fedfactor: {len(done)} of {len(plan['runs'])} training runs done{where}"
+
+
+def stopped_message(study_dir: str | Path) -> str:
+    """The last lines after the workflow stopped before the end (Ctrl-C, a failed job)."""
+    plan = read_plan(study_dir)
+    done, checkpointed = run_states(study_dir, plan["runs"])
+    total = len(plan["runs"])
+    rest = total - len(done) - len(checkpointed)
+    resume = " (they continue where they stopped)" if checkpointed else ""
+    lines = [f"fedfactor: stopped with {len(done)} of {total} runs done, {len(checkpointed)} checkpointed{resume}, "
+             f"{rest} still to run.", f"Run the same command to resume: {plan['command']}"]
+    live = os.path.join(study_dir, LIVE)
+    if os.path.exists(live):
+        lines.append(f"Results so far: {live}")
+    return "\n".join(lines)
+
+
+class QuietTerminal(logging.Filter):
+    """Snakemake's own lines that a study's terminal leaves out, so that one line per finished run
+    (`fedfactor progress`) is what remains: the job stats, each job's start block, "Execute N jobs",
+    "Finished jobid" and "x of y steps". Warnings and errors stay; but once Ctrl-C has stopped the
+    workflow, the errors of the jobs it interrupted are left out too (each of them checkpointed), and
+    `stopped_message` says what is left.
+
+    Only in a real run without --verbose or --printshellcmds: the Snakefile installs the filter
+    before Snakemake knows whether this is a dry run (whose job list must stay), so it asks at every
+    record; and a filter that raised would break Snakemake's logging, so any doubt lets a line through.
+    """
+
+    CHATTER = ("Select jobs to execute...", "Building DAG of jobs...", "Using shell:", "Conda environments: ignored")
+    STOPPING = "Terminating processes on user request"
+
+    def __init__(self, workflow: Any = None) -> None:
+        from snakemake_interface_logger_plugins.common import LogEvent
+
+        super().__init__()
+        self.workflow = workflow  # None: always on (tests)
+        self.hidden = {LogEvent.JOB_INFO, LogEvent.GROUP_INFO, LogEvent.JOB_STARTED, LogEvent.JOB_FINISHED,
+                       LogEvent.PROGRESS, LogEvent.RUN_INFO, LogEvent.RESOURCES_INFO, LogEvent.SHELLCMD}
+        self.errors = {LogEvent.JOB_ERROR, LogEvent.GROUP_ERROR, LogEvent.ERROR}
+        self.stopping = False
+
+    def _enabled(self) -> bool:
+        if self.workflow is None:
+            return True
+        out = self.workflow.output_settings
+        return not (self.workflow.dryrun or out.verbose or out.printshellcmds)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            return not self._enabled() or self._keep(record)
+        except Exception:  # noqa: BLE001
+            return True
+
+    def _keep(self, record: logging.LogRecord) -> bool:
+        event = getattr(record, "event", None)
+        message = record.getMessage() if isinstance(record.msg, str) else ""
+        if message.startswith(self.STOPPING):
+            self.stopping = True
+            return True
+        if event in self.hidden or message.startswith(self.CHATTER):
+            return False
+        if self.stopping and (event in self.errors or message.startswith("Removing output files of failed job")):
+            return False
+        return True
+
+
+def quiet_terminal(logger: logging.Logger, workflow: Any) -> None:
+    """Install QuietTerminal on Snakemake's terminal handler; its log file (.snakemake/log/) keeps
+    every line."""
+    for handler in logger.handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            handler.addFilter(QuietTerminal(workflow))
