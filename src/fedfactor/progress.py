@@ -224,7 +224,11 @@ class QuietTerminal(logging.Filter):
 
 def quiet_terminal(logger: logging.Logger, workflow: Any) -> None:
     """Install QuietTerminal on Snakemake's terminal handler; its log file (.snakemake/log/) keeps
-    every line."""
+    every line. Snakemake before 9 has no log events to filter on: its terminal stays as it was."""
+    try:
+        quiet = QuietTerminal(workflow)
+    except ImportError:
+        return
     for handler in logger.handlers:
         if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-            handler.addFilter(QuietTerminal(workflow))
+            handler.addFilter(quiet)
