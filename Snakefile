@@ -42,6 +42,7 @@ else:
         scenario="|".join(map(re.escape, SCENARIOS)),
         method="|".join(map(re.escape, METHODS)),
         seed=r"\d+",
+        job=r"\d+",
 
     # Small rules run where Snakemake runs, also under a cluster profile: the download needs the
     # internet, the others take seconds (a queue wait would cost more).

@@ -18,8 +18,13 @@ job's end (summary.json, MLflow's final metrics and artifacts) come on top, then
 exit (its teardown, read as the rest). torch imports torch._dynamo when a job builds its first
 optimizer, inside round 1 (the `first optimizer` floor row measures it alone). The floor rows are
 what no job can go below: the interpreter, `import torch`, and torch's first optimizer, read at the
-code's end as the job's marks are (with the exit in their inputs). Medians of the repeats; the
-machine's load raises every number.
+code's end as the job's marks are (with the exit in their inputs).
+
+The workflow runs `runs_per_job` runs in one `fedfactor train-runs` process: the `train-runs` rows
+time such a job of 4 one-round runs (seeds 0-3, with MLflow), the first run from the process start,
+every later run from the end of the run before it (its summary, the progress line's place, the next
+config, Simulator, MLflow run) to its round 1. Medians of the repeats; the machine's load raises
+every number.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -36,7 +42,8 @@ from typing import Any
 
 # Only the standard library at module level: the child is this module, and must start bare.
 
-DESCRIPTION = "a job's fixed CPU cost before round 1, and a whole 1-round job, in fresh processes (digits)"
+DESCRIPTION = ("a job's fixed CPU cost before round 1, a whole 1-round job, and each run's in a train-runs job, "
+               "in fresh processes (digits)")
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_CONFIG = ROOT / "config" / "runs" / "digits.yaml"
@@ -54,14 +61,15 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def child(marks_file: str, train_args: list[str]) -> int:
-    """In the fresh process: run `fedfactor train train_args`, writing the CPU clock's phase marks to
-    marks_file when round 1 starts. Only functions the job calls anyway are wrapped."""
+def child(marks_file: str, command: str, train_args: list[str]) -> int:
+    """In the fresh process: run `fedfactor COMMAND train_args` (train, or train-runs: several runs in
+    one process), writing the CPU clock's phase marks to marks_file as each run reaches round 1. Only
+    functions the job calls anyway are wrapped."""
     import fedfactor.job as job  # exactly what `fedfactor train` imports before it trains
     from fedfactor import cli
     from fedfactor.fl import simulator
 
-    marks: dict[str, float] = {}
+    marks: dict[str, Any] = {"runs": []}
 
     def spent(key: str, fn):
         def wrapper(*args, **kwargs):
@@ -69,28 +77,32 @@ def child(marks_file: str, train_args: list[str]) -> int:
             try:
                 return fn(*args, **kwargs)
             finally:
-                marks[key] = marks.get(key, 0.0) + cpu_seconds() - start
+                if len(marks["runs"]) == 1:  # the phases of the process's first run
+                    marks[key] = marks.get(key, 0.0) + cpu_seconds() - start
         return wrapper
 
     train, run_round = job.train, simulator.Simulator.run_round
 
     def on_train(*args, **kwargs):
-        marks["imports"] = cpu_seconds()
-        return train(*args, **kwargs)
+        marks["runs"].append({"train": cpu_seconds()})
+        try:
+            return train(*args, **kwargs)
+        finally:
+            marks["runs"][-1]["end"] = cpu_seconds()
 
     def on_round(self, rnd):
-        if "round1" not in marks:
-            marks["round1"] = cpu_seconds()
-            marks["dynamo_before_round1"] = float("torch._dynamo" in sys.modules)
+        if "round1" not in marks["runs"][-1]:
+            marks["runs"][-1]["round1"] = cpu_seconds()
+            marks["runs"][-1]["dynamo_before_round1"] = float("torch._dynamo" in sys.modules)
             Path(marks_file).write_text(json.dumps(marks))
         return run_round(self, rnd)
 
-    job.train = on_train
+    job.train = on_train  # train-runs calls it through the module, once a run
     job.Tracker = spent("mlflow", job.Tracker)
     simulator.load_dataset = spent("data", simulator.load_dataset)
     simulator.Simulator.__init__ = spent("simulator", simulator.Simulator.__init__)
     simulator.Simulator.run_round = on_round
-    status = cli.main(["train", *train_args])
+    status = cli.main([command, *train_args])
     marks["end"] = cpu_seconds()  # what follows is the interpreter's exit
     Path(marks_file).write_text(json.dumps(marks))
     return status
@@ -115,13 +127,29 @@ def job_cost(train_args: list[str], env: dict[str, str], tmp: Path) -> dict[str,
     """One 1-round job in a fresh process: its phases, CPU to round 1 and CPU in all."""
     marks_file = tmp / "marks.json"
     marks_file.unlink(missing_ok=True)
-    total, _ = spawn([sys.executable, "-m", "benchmarks.startup", "--child", str(marks_file), *train_args], env)
+    total, _ = spawn([sys.executable, "-m", "benchmarks.startup", "--child", str(marks_file), "train", *train_args],
+                     env)
     m = json.loads(marks_file.read_text())
-    phases = {"imports": m["imports"], "data": m.get("data", 0.0), "model": m["simulator"] - m.get("data", 0.0),
+    (run,) = m["runs"]
+    phases = {"imports": run["train"], "data": m.get("data", 0.0), "model": m["simulator"] - m.get("data", 0.0),
               "mlflow": m.get("mlflow", 0.0)}
-    phases["other"] = m["round1"] - sum(phases.values())
-    return {**phases, "to_round1": m["round1"], "round1_and_end": m["end"] - m["round1"], "exit": total - m["end"],
-            "total": total, "dynamo_before_round1": m["dynamo_before_round1"]}
+    phases["other"] = run["round1"] - sum(phases.values())
+    return {**phases, "to_round1": run["round1"], "round1_and_end": m["end"] - run["round1"], "exit": total - m["end"],
+            "total": total, "dynamo_before_round1": run["dynamo_before_round1"]}
+
+
+def batch_cost(train_args: list[str], runs: int, env: dict[str, str], tmp: Path) -> dict[str, Any]:
+    """One `fedfactor train-runs` job of `runs` 1-round runs in a fresh process: each run's CPU to its
+    round 1, the first from the process start, every later one from the end of the run before it."""
+    marks_file = tmp / "marks.json"
+    marks_file.unlink(missing_ok=True)
+    folders = [{"out": str(tmp / "batch" / f"run{i}"), "set": [f"seed={i}"]} for i in range(runs)]
+    total, _ = spawn([sys.executable, "-m", "benchmarks.startup", "--child", str(marks_file), "train-runs",
+                      *train_args, "--runs", json.dumps(folders)], env)
+    shutil.rmtree(tmp / "batch")
+    m = json.loads(marks_file.read_text())
+    ends = [0.0] + [r["end"] for r in m["runs"]]
+    return {"to_round1": [r["round1"] - ends[i] for i, r in enumerate(m["runs"])], "total": total}
 
 
 def fedfactor_cmd(*args: str) -> list[str]:
@@ -173,6 +201,22 @@ def run(quick: bool, device: str) -> list[dict]:
                             med["round1_and_end"] / med["total"], None, "ratio: of the whole job; " + note))
             rows.append(row(f"{case}:   exit (interpreter teardown)", med["exit"], "s CPU", med["exit"] / med["total"],
                             None, "ratio: of the whole job"))
+        # The workflow's jobs: `runs_per_job` runs in one process (config/config.yaml: 4), with MLflow
+        per_job = 4
+        jobs = [batch_cost([*base, *tracking["with MLflow"]], per_job, env, tmp) for _ in range(repeats)]
+        first = statistics.median(j["to_round1"][0] for j in jobs)
+        later = statistics.median(t for j in jobs for t in j["to_round1"][1:])
+        inputs = (f"OMP_NUM_THREADS=1 fedfactor train-runs (the arguments above, with MLflow) --runs <{per_job} "
+                  f"folders, seeds 0-{per_job - 1}>; median of {repeats} jobs")
+        rows.append(row(f"train-runs, {per_job} runs a job: run 1, process start to round 1", first, "s CPU",
+                        first / GOAL_SECONDS, "<= 1", "ratio: of the 3 s goal; " + inputs))
+        rows.append(row(f"train-runs, {per_job} runs a job: runs 2-{per_job}, the previous run's end to round 1",
+                        later, "s CPU", later / GOAL_SECONDS, "<= 1", f"ratio: of the 3 s goal; median of "
+                        f"{(per_job - 1) * repeats} runs"))
+        whole = statistics.median(j["total"] for j in jobs)
+        rows.append(row(f"train-runs, {per_job} runs a job: fixed cost a run, amortised", (first + (per_job - 1) * later)
+                        / per_job, "s CPU", (first + (per_job - 1) * later) / per_job / GOAL_SECONDS, "<= 1",
+                        f"ratio: of the 3 s goal; the whole {per_job}-run job {whole:.2f} s CPU with the exit"))
         # MLflow afterwards instead of in every job: one process mirrors all the runs trained without it
         untracked = sorted(str(p) for p in (tmp / "runs").glob("without MLflow*"))
         seconds, _ = spawn(fedfactor_cmd("mlflow-import", *untracked, "--uri", uri, "--experiment", "startup"), env)
@@ -182,8 +226,8 @@ def run(quick: bool, device: str) -> list[dict]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) >= 3 and sys.argv[1] == "--child":
-        sys.exit(child(sys.argv[2], sys.argv[3:]))
-    print("usage: python -m benchmarks.startup --child MARKS_FILE TRAIN_ARGS... (the runner starts it; run "
+    if len(sys.argv) >= 4 and sys.argv[1] == "--child":
+        sys.exit(child(sys.argv[2], sys.argv[3], sys.argv[4:]))
+    print("usage: python -m benchmarks.startup --child MARKS_FILE train|train-runs ARGS... (the runner starts it; run "
           "python -m benchmarks startup)", file=sys.stderr)
     sys.exit(2)

@@ -48,6 +48,42 @@ def test_train_two_rounds_end_to_end(tmp_path, tiny, capsys):
     assert run.data.params["fl.rounds"] == "2"
 
 
+def test_train_runs_trains_each_run_with_its_own_sets_and_marks_the_job_done(tmp_path, tiny, capsys):
+    runs = [{"out": str(tmp_path / "a"), "set": ["method.name=local"], "log": str(tmp_path / "a.log")},
+            {"out": str(tmp_path / "b"), "set": ["seed=3"]}]
+    done = tmp_path / "job.json"
+    assert main(["train-runs", *_sets(tiny), "--runs", json.dumps(runs), "--done", str(done)]) == 0
+    a, b = (json.loads((tmp_path / n / "summary.json").read_text()) for n in "ab")
+    assert (a["method_name"], a["seed"], b["method_name"], b["seed"]) == ("local", 0, "fedavg", 3)
+    assert json.loads(done.read_text()) == {"runs": [r["out"] for r in runs]}
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["custom/local/seed0", "custom/fedavg/seed3"]
+
+
+def test_train_runs_names_its_failed_run_and_writes_no_marker(tmp_path, tiny, capsys):
+    runs = [{"out": str(tmp_path / "bad"), "set": ["fl.lr=1e6", "fl.momentum=0"]}, {"out": str(tmp_path / "good")}]
+    done = tmp_path / "job.json"
+    assert main(["train-runs", *_sets(tiny), "--runs", json.dumps(runs), "--done", str(done)]) == 1
+    err = capsys.readouterr().err
+    assert f"fedfactor: run failed: 1 of 2 runs failed" in err and f"{tmp_path / 'bad'}: round 1, client 0" in err
+    assert (tmp_path / "good" / "summary.json").exists() and not done.exists()
+
+
+@pytest.mark.parametrize("runs, words", [
+    ("[{", "is not JSON"),
+    ("[]", "non-empty JSON list"),
+    ('[{"out": "x", "sets": []}]', "non-empty JSON list"),
+    ('[{"out": "x"}, {"out": "./x"}]', "names a folder twice"),
+    ('[{"out": "x", "set": ["fl.rounds=0"]}]', "fl.rounds"),
+])
+def test_train_runs_bad_runs_are_one_line_exit_2_before_any_run(tmp_path, tiny, capsys, monkeypatch, runs, words):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train-runs", *_sets(tiny), "--runs", runs, "--done", "job.json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedfactor: error: ") and words in err[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_same_seed_gives_identical_metrics(tmp_path, tiny):
     frames = []
     for name in ("a", "b"):

@@ -1,6 +1,7 @@
 """A training job survives any kill: resume gives the uninterrupted result, for every method."""
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -21,7 +22,7 @@ from fedfactor.errors import Interrupted, RunFailed, UsageError
 from fedfactor.fl.batched import BatchedTrainer
 from fedfactor.fl.simulator import Simulator
 from fedfactor.fl.train import Diverged, Trainer
-from fedfactor.job import CHECKPOINT, check_output_folder, train
+from fedfactor.job import CHECKPOINT, check_output_folder, finished_summary, train, train_runs
 from fedfactor.methods import METHODS
 from fedfactor.methods.base import Method
 from fedfactor.models.layers import effective_weight
@@ -204,6 +205,40 @@ def test_same_seed_same_run_other_seed_other_run(tmp_path):
     assert a[0]["warnings"] == []  # a run that did not degenerate
     pd.testing.assert_frame_equal(a[1], b[1])
     assert a[1]["accuracy_mean"].tolist() != c[1]["accuracy_mean"].tolist()
+
+
+def test_runs_in_one_process_equal_separate_runs_skip_finished_ones_and_outlive_a_failure(tmp_path, caplog):
+    # The workflow's jobs train several runs in one process: nothing of one run (random streams,
+    # a method's state) may reach the next, a failed run must not cost the others, and a job run
+    # again must skip what finished and retry what did not.
+    caplog.set_level(logging.INFO, logger="fedfactor")  # what the CLI logs
+    cfgs = {"alpha": load_config(None, [*TINY, "method.name=factorized_fl_alpha"]),
+            "diverges": load_config(None, [*TINY, "fl.lr=1e6", "fl.momentum=0"]),
+            "fedavg": load_config(None, [*TINY, "seed=1"])}
+    runs = [(cfg, tmp_path / name, tmp_path / "logs" / f"{name}.log") for name, cfg in cfgs.items()]
+    finished = []
+    failures = train_runs(runs, lambda out, seconds: finished.append((out.name, seconds)))
+    assert [name for name, _ in finished] == ["alpha", "fedavg"] and all(s > 0 for _, s in finished)
+    assert len(failures) == 1 and failures[0].startswith(f"{tmp_path / 'diverges'}: round 1, client 0")
+    assert not (tmp_path / "diverges" / "summary.json").exists()
+    assert "round 1, client 0" in (tmp_path / "logs" / "diverges.log").read_text()
+    assert "fedavg/seed1 round 2/2" in (tmp_path / "logs" / "fedavg.log").read_text()
+    assert "factorized_fl_alpha" not in (tmp_path / "logs" / "fedavg.log").read_text()  # each run its own log
+    for name in ("alpha", "fedavg"):
+        train(cfgs[name], tmp_path / f"{name}-alone")
+        alone, together = _result(tmp_path / f"{name}-alone"), _result(tmp_path / name)
+        assert {k: v for k, v in alone[0].items() if k != "config"} == \
+            {k: v for k, v in together[0].items() if k != "config"}
+        pd.testing.assert_frame_equal(alone[1], together[1])
+        assert finished_summary(cfgs[name], tmp_path / name) is not None
+
+    stamp = (tmp_path / "alpha" / "summary.json").stat().st_mtime_ns
+    finished.clear()
+    assert len(train_runs(runs, lambda out, seconds: finished.append(out.name))) == 1  # it fails again
+    assert finished == [] and (tmp_path / "alpha" / "summary.json").stat().st_mtime_ns == stamp
+    assert "holds this run, finished: skipped" in (tmp_path / "logs" / "alpha.log").read_text()
+    # a finished folder of another config is no finished run of this one
+    assert finished_summary(load_config(None, [*TINY, "seed=2"]), tmp_path / "fedavg") is None
 
 
 def test_a_diverging_loss_stops_the_run_naming_round_and_client(tmp_path):

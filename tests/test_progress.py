@@ -9,8 +9,9 @@ import time
 import pytest
 
 from fedfactor.cli import main
-from fedfactor.progress import (LIVE, PLAN, QuietTerminal, finished_message, live_table, progress_line, quiet_terminal,
-                                read_plan, run_states, start_message, stopped_message, write_plan)
+from fedfactor.progress import (LIVE, LIVE_FIGURE, PLAN, QuietTerminal, finished_message, live_figure, live_table,
+                                progress_line, quiet_terminal, read_plan, run_states, start_message, stopped_message,
+                                write_plan)
 
 PROTOCOL = {"test_pool": "client", "model": "trained", "report": "last"}
 STARTED = 1_700_000_000.0  # the workflow's start
@@ -92,6 +93,19 @@ def test_live_table_before_any_run_and_once_complete(tmp_path):
     _finished(study, "a/local/seed0", 0.25, mtime=STARTED)
     md = live_table(study)
     assert "1 of 1 runs finished; complete" in md and "| local | 25.00 +- 0.00 (1) |" in md
+
+
+def test_live_figure_draws_the_finished_runs_curves_and_counts_them_in_its_title(tmp_path, study):
+    from PIL import Image
+
+    for key in ("a/local/seed0", "a/fedavg/seed0"):
+        (study / "runs" / key / "metrics.csv").write_text("round,accuracy_mean\n1,0.2\n2,0.4\n")
+    assert live_figure(study) == study / LIVE_FIGURE
+    with Image.open(study / LIVE_FIGURE) as png:
+        assert png.info["Title"] == "Digits (live: 2 of 5 runs finished)"
+    assert not (study / LIVE_FIGURE).with_suffix(".pdf").exists()  # a view: the PNG alone
+    write_plan(tmp_path / "fresh", ["a/local/seed0"], ["snakemake"], now=STARTED)
+    assert live_figure(tmp_path / "fresh") is None and live_figure(tmp_path / "no plan") is None
 
 
 def test_concurrent_jobs_leave_one_complete_table_of_every_finished_run(study):

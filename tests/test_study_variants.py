@@ -118,5 +118,5 @@ def test_rounds_keep_the_partitions_and_an_override_file_keeps_the_studys_runs(t
     _write(study, doc)
     mine = _write(tmp_path / "mine.yaml", {"overrides": {"fl": {"rounds": 10}}})
     out = _snakemake("-n", "--directory", str(tmp_path), "--configfile", str(study), str(mine))
-    assert f"{tmp_path}/results/tiny+mine/runs/iid/fedavg/seed0/summary.json" in out
+    assert f"{tmp_path}/results/tiny+mine/jobs/train/iid/seed0-1.json" in out
     assert f"{tmp_path}/results/tiny/" not in out

@@ -25,8 +25,8 @@ def test_default_study_dry_run(tmp_path):
     r = _snakemake("-n", "--config", f"results={tmp_path}/results")
     assert r.returncode == 0, r.stderr + r.stdout
     jobs = _job_counts(r.stdout)
-    # 3 scenarios x 8 methods x 2 seeds; one partition per scenario and seed; one dataset
-    assert jobs["train"] == 48 and jobs["partition"] == 6 and jobs["prepare_data"] == 1
+    # 3 scenarios x 8 methods x 2 seeds = 48 runs, 4 a job; one partition per scenario and seed; one dataset
+    assert jobs["train"] == 12 and jobs["partition"] == 6 and jobs["prepare_data"] == 1
     assert jobs["table"] == 1 and jobs["figures"] == 1 and jobs["mlflow_init"] == 1 and jobs["diagnose"] == 1
     assert jobs["study_spec"] == 1 and "paper_tables" not in jobs and "claims" not in jobs  # no paper behind it
 
@@ -59,18 +59,21 @@ def test_tiny_study_runs_end_to_end_and_a_rerun_does_nothing(tmp_path):
     study.write_text(json.dumps({
         "study": "tiny", "run_config": str(run), "results": str(tmp_path / "results"), "seeds": [0, 1],
         "scenarios": {"perm": {"partition": {"kind": "iid", "permute_labels": True}}},
-        "methods": {"local": {"name": "local"}, "fedavg": {"name": "fedavg"}},
+        "methods": {"local": {"name": "local"}, "fedavg": {"name": "fedavg"}, "fedper": {"name": "fedper"}},
+        "runs_per_job": 2,  # jobs of local + fedavg, and of fedper alone
     }))
     r = _snakemake("--cores", "2", "--configfile", str(study), cwd=tmp_path)
     assert r.returncode == 0, r.stderr + r.stdout
     out = tmp_path / "results" / "tiny"
     table = pd.read_csv(out / "tables" / "table.csv")
-    assert sorted(table["method"]) == ["fedavg", "local"] and set(table["seeds"]) == {2}
+    assert sorted(table["method"]) == ["fedavg", "fedper", "local"] and set(table["seeds"]) == {2}
     assert not table["smoke_run_synthetic_data"].any()
     assert "| fedavg |" in (out / "tables" / "table.md").read_text()
     assert (out / "figures" / "accuracy_rounds.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "diagnostics" / "diagnostics.md").exists() and (out / "logs" / "diagnose.log").exists()
-    for method in ("local", "fedavg"):
+    assert sorted(p.name for p in (out / "jobs" / "train" / "perm").iterdir()) == [
+        "seed0-1.json", "seed0-2.json", "seed1-1.json", "seed1-2.json"]
+    for method in ("local", "fedavg", "fedper"):
         for seed in (0, 1):
             summary = json.loads((out / "runs" / "perm" / method / f"seed{seed}" / "summary.json").read_text())
             assert summary["scenario"] == "perm" and summary["seed"] == seed and summary["head_local"]
@@ -80,12 +83,13 @@ def test_tiny_study_runs_end_to_end_and_a_rerun_does_nothing(tmp_path):
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/results/mlflow.db")
     exp = client.get_experiment_by_name("fedfactor-tiny")
-    assert len(client.search_runs([exp.experiment_id])) == 4
+    assert len(client.search_runs([exp.experiment_id])) == 6
 
     again = _snakemake("-n", "--configfile", str(study), cwd=tmp_path)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
 
-    # a changed hyperparameter of one method re-runs that method's jobs (and the reports), nothing else
+    # a changed hyperparameter of one method re-runs that method's jobs (and the reports), nothing else,
+    # and inside them only its runs: the finished runs of the other methods are skipped
     spec = json.loads(study.read_text())
     spec["methods"]["fedavg"] = {"name": "fedprox", "mu": 0.0}
     study.write_text(json.dumps(spec))
@@ -93,7 +97,16 @@ def test_tiny_study_runs_end_to_end_and_a_rerun_does_nothing(tmp_path):
     assert changed.returncode == 0, changed.stderr + changed.stdout
     jobs = _job_counts(changed.stdout)
     assert jobs["train"] == 2 and "partition" not in jobs and "mlflow_init" not in jobs
-    assert re.findall(r"wildcards: scenario=perm, method=(\w+), seed=\d", changed.stdout) == ["fedavg", "fedavg"]
+    assert re.findall(r"wildcards: scenario=perm, seed=\d, job=(\d)", changed.stdout) == ["1", "1"]
+    runs = out / "runs" / "perm"
+    stamps = {m: (runs / m / "seed0" / "summary.json").stat().st_mtime_ns for m in ("local", "fedavg", "fedper")}
+    rerun = _snakemake("--cores", "2", "--configfile", str(study), cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr + rerun.stdout
+    now = {m: (runs / m / "seed0" / "summary.json").stat().st_mtime_ns for m in stamps}
+    assert now["local"] == stamps["local"] and now["fedper"] == stamps["fedper"] and now["fedavg"] != stamps["fedavg"]
+    assert json.loads((runs / "fedavg" / "seed0" / "summary.json").read_text())["method_name"] == "fedprox"
+    assert "holds this run, finished: skipped" in (out / "logs" / "train" / "perm" / "local" / "seed0.log").read_text()
+    assert len(client.search_runs([exp.experiment_id])) == 8  # fedprox's two runs are new MLflow runs
 
 
 # ---------------------------------------------------------------------------------------------

@@ -78,7 +78,7 @@ def test_one_line_per_run_seed_zero_first_and_ctrl_c_says_what_resumes(tmp_path)
     assert [(seed, done) for _, seed, done, _ in finished] == [("0", "2"), ("1", "3"), ("1", "4")], again.stdout
     assert "fedfactor: 4 of 4 training runs done; table: " in again.stdout
     assert "4 of 4 runs finished; complete" in (tmp_path / "results" / "tiny" / "live.md").read_text()
-    # the resumed job's log keeps the interrupted attempt's lines before its own
+    assert (tmp_path / "results" / "tiny" / "live_rounds.png").read_bytes()[:4] == b"\x89PNG"  # and its curves
+    # the run's log keeps the interrupted attempt's lines before the resumed one's
     log = (tmp_path / "results" / "tiny" / "logs" / "train" / "perm" / stopped.parent.name / "seed0.log").read_text()
     assert log.index("checkpoint written: run the same command again") < log.index("resuming")
-    assert not (stopped / "attempts.log").exists()

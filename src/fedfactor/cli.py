@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from . import __version__
@@ -24,6 +25,19 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="run config YAML (defaults apply to missing keys)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a dotted config key, e.g. --set fl.rounds=10 (repeatable)")
+
+
+def _add_device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", type=int, default=0, metavar="N",
+                   help="claim N GPUs no other fedfactor job holds (sets CUDA_VISIBLE_DEVICES unless a scheduler "
+                        "already did; waits while all are taken)")
+    p.add_argument("--gpu-locks", metavar="DIR", default=str(Path(tempfile.gettempdir()) / "fedfactor-gpu-locks"),
+                   help="the GPU lock files, shared by every job on this machine (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="torch's CPU threads (default 1; 0: torch's own default, one per core, or OMP_NUM_THREADS). "
+                        "One is fastest when jobs share the cores, as the workflow runs them (it passes its "
+                        "`threads`): torch's default oversubscribes a busy machine (a digits job on 2 busy cores: "
+                        "50.5 s with it, 8.7 s with 1, the same result); give more to one large job on idle cores")
 
 
 def _config(args):
@@ -59,6 +73,54 @@ def cmd_train(args) -> None:
           f"({summary['protocol']['report']}, round {summary['accuracy_round']}; last {summary['accuracy_mean']:.4f} "
           f"+- {summary['accuracy_std']:.4f}, best {summary['accuracy_best_mean']:.4f} at round "
           f"{summary['best_round']}), {summary['bytes_total']:,} bytes -> {args.out}")
+
+
+def cmd_train_runs(args) -> None:
+    started = time.monotonic()
+    _set_threads(args.threads)
+    from .config import load_config
+    from .devices import claim_gpus
+    from .job import train_runs
+
+    runs = [(load_config(args.config, [*args.overrides, *run["set"]]), Path(run["out"]),
+             Path(run["log"]) if run.get("log") else None) for run in _run_list(args.runs)]
+    claim_gpus(args.gpus, args.gpu_locks)
+
+    def finished(out: Path, seconds: float) -> None:
+        if args.study:
+            _progress(out, args.study, seconds)  # the terminal's line and live.md
+        else:
+            summary = json.loads((out / "summary.json").read_text())
+            print(f"{summary['scenario']}/{summary['method']}/seed{summary['seed']}: accuracy "
+                  f"{summary['accuracy']:.4f} in {seconds:.1f} s -> {out}", flush=True)
+
+    failures = train_runs(runs, finished, since=started)
+    if args.study:
+        _live_figure(args.study)
+    if failures:
+        raise RunFailed(f"{len(failures)} of {len(runs)} runs failed (each run's log has the details):\n  "
+                        + "\n  ".join(failures))
+    if args.done:
+        from .io import atomic_write_json
+
+        atomic_write_json(args.done, {"runs": [str(out) for _, out, _ in runs]})
+
+
+def _run_list(text: str) -> list[dict]:
+    """--runs: a JSON list of {"out": folder, "set": [KEY=VALUE, ...], "log": file (optional)}."""
+    try:
+        runs = json.loads(text)
+    except ValueError as e:
+        raise UsageError(f"--runs is not JSON ({e})") from None
+    if not isinstance(runs, list) or not runs or not all(
+            isinstance(r, dict) and isinstance(r.get("out"), str) and isinstance(r.get("set", []), list)
+            and set(r) <= {"out", "set", "log"} for r in runs):
+        raise UsageError('--runs must be a non-empty JSON list of {"out": FOLDER, "set": [KEY=VALUE, ...], '
+                         '"log": FILE} objects ("set" and "log" optional)')
+    outs = [str(Path(r["out"]).resolve()) for r in runs]
+    if len(set(outs)) < len(outs):
+        raise UsageError(f"--runs names a folder twice: {next(o for o in outs if outs.count(o) > 1)}")
+    return [{"set": [], **r} for r in runs]
 
 
 def cmd_cost(args) -> None:
@@ -256,14 +318,27 @@ def cmd_diagnose(args) -> None:
 
 
 def cmd_progress(args) -> None:
+    _progress(args.run, args.study, args.elapsed)
+
+
+def _live_figure(study) -> None:
+    from .progress import live_figure
+
+    try:  # a view, like the progress line: it never fails the job
+        live_figure(study)
+    except Exception as e:  # noqa: BLE001
+        print(f"fedfactor: the live figure of {study} failed ({type(e).__name__}: {e})", file=sys.stderr)
+
+
+def _progress(run, study, elapsed: float | None) -> None:
     from .progress import job_finished
 
-    # The line and the live table are a view: whatever goes wrong here must not fail (and so delete)
-    # the training run that has just finished.
+    # The line and the live table are a view: whatever goes wrong here must not fail the training run
+    # that has just finished.
     try:
-        job_finished(args.run, args.study, elapsed=args.elapsed)
+        job_finished(run, study, elapsed=elapsed)
     except Exception as e:  # noqa: BLE001
-        print(f"fedfactor progress: {args.run} finished, but its progress line or the live table failed "
+        print(f"fedfactor progress: {run} finished, but its progress line or the live table failed "
               f"({type(e).__name__}: {e})", file=sys.stderr)
 
 
@@ -283,17 +358,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="run one federated training; writes OUT/summary.json and OUT/metrics.csv")
     _add_config_args(p)
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--gpus", type=int, default=0, metavar="N",
-                   help="claim N GPUs no other fedfactor job holds (sets CUDA_VISIBLE_DEVICES unless a scheduler "
-                        "already did; waits while all are taken)")
-    p.add_argument("--gpu-locks", metavar="DIR", default=str(Path(tempfile.gettempdir()) / "fedfactor-gpu-locks"),
-                   help="the GPU lock files, shared by every job on this machine (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=1, metavar="N",
-                   help="torch's CPU threads (default 1; 0: torch's own default, one per core, or OMP_NUM_THREADS). "
-                        "One is fastest when jobs share the cores, as the workflow runs them (it passes its "
-                        "`threads`): torch's default oversubscribes a busy machine (a digits job on 2 busy cores: "
-                        "50.5 s with it, 8.7 s with 1, the same result); give more to one large job on idle cores")
+    _add_device_args(p)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("train-runs", help="run several federated trainings one after another in one process (the "
+                                          "workflow's jobs); each keeps train's folder contract")
+    _add_config_args(p)
+    p.add_argument("--runs", required=True, metavar="JSON",
+                   help='the runs: a JSON list of {"out": FOLDER, "set": [KEY=VALUE, ...], "log": FILE}; each run\'s '
+                        "config is --config with the common --set and then its own. A folder holding the same "
+                        "run finished is skipped, an interrupted one resumes; a failed run does not stop the others "
+                        "(exit 1 at the end, naming it)")
+    p.add_argument("--study", metavar="DIR", help="the study folder: a progress line per finished run and live.md")
+    p.add_argument("--done", metavar="FILE", help="written (the runs, as JSON) once every run has finished")
+    _add_device_args(p)
+    p.set_defaults(func=cmd_train_runs)
 
     p = sub.add_parser("cost", help="measured communication bytes of a config, from shapes alone (no training)")
     _add_config_args(p)

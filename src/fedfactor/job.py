@@ -22,8 +22,9 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -32,7 +33,7 @@ import yaml
 
 from . import __version__
 from .config import Config, flatten
-from .errors import Interrupted, UsageError
+from .errors import Interrupted, RunFailed, UsageError
 from .fl.simulator import ACCURACY_FIELDS, RoundRecord, Simulator, summarize
 from .models.layers import effective_weight, layer_entries
 from .io import (atomic_open, atomic_write_json, atomic_write_npy, atomic_write_text, folder_lock,
@@ -154,6 +155,75 @@ def train(cfg: Config, out: Path) -> dict[str, Any]:
     # checkpoint and a KILLED run, at the first training step.
     with folder_lock(out), stop_signals(sim):
         return _train(cfg, out, sim)
+
+
+def finished_summary(cfg: Config, out: Path) -> dict[str, Any] | None:
+    """The summary of the finished run of exactly `cfg` that `out` holds, or None.
+
+    A run unlinks summary.json when it starts and writes it last, so a summary beside the folder's
+    fingerprint means the run with that fingerprint finished.
+    """
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if _previous_fingerprint(out) == fingerprint(cfg) else None
+
+
+@contextlib.contextmanager
+def run_log(path: Path | None) -> Iterator[None]:
+    """Everything logged while the block runs also goes to `path`, appended: an interrupted
+    attempt's lines (its "checkpoint written") stay above the resumed attempt's."""
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+
+
+def train_runs(runs: list[tuple[Config, Path, Path | None]],
+               on_finished: Callable[[Path, float], None] | None = None, since: float | None = None) -> list[str]:
+    """Train (cfg, out, log) runs one after another in this process: the workflow's jobs, which pay
+    Python's, torch's and MLflow's start-up once for several runs instead of once per run.
+
+    Each run keeps the folder contract of `train`: one whose folder holds the same run finished is
+    skipped, an interrupted one resumes from its checkpoint. A run that fails is logged and the next
+    one goes on; the failures come back as "OUT: reason" lines. A stop signal ends the whole batch
+    (Interrupted) once the running run has checkpointed. `on_finished(out, seconds)` follows every
+    run trained here, with its time since the previous one ended (the first: since `since`, a
+    time.monotonic() value, by default this call).
+    """
+    for _, out, _ in runs:  # every folder can be written, before any run starts
+        check_output_folder(out)
+    failures = []
+    clock = time.monotonic() if since is None else since
+    for cfg, out, log_path in runs:
+        with run_log(log_path):
+            if finished_summary(cfg, out) is not None:
+                log.info("%s holds this run, finished: skipped", out)
+                continue
+            try:
+                train(cfg, out)
+            except (UsageError, RunFailed) as e:
+                log.error("%s: %s", out, e)
+                failures.append(f"{out}: {e}")
+                continue
+            except Exception as e:  # a bug in one method must not cost the other runs of the job
+                log.exception("%s failed", out)
+                failures.append(f"{out}: {type(e).__name__}: {e}")
+                continue
+        if on_finished is not None:
+            on_finished(out, time.monotonic() - clock)
+        clock = time.monotonic()
+    return failures
 
 
 def _previous_fingerprint(out: Path) -> dict | None:

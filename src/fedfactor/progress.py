@@ -2,13 +2,14 @@
 table, and what an interrupted study leaves behind.
 
 The workflow writes a plan when it starts (`write_plan`, from the Snakefile's onstart): the runs it
-is to build, the time and the command. Each training job, once its summary.json is written, calls
-`fedfactor progress RUN_FOLDER` (`job_finished`), which prints the run's line and rewrites the
-study's live.md from the summaries that exist. When Snakemake stops early (Ctrl-C, a failed job),
+is to build, the time and the command. Each training run, once its summary.json is written, calls
+`job_finished` (in its `fedfactor train-runs` job, or `fedfactor progress RUN_FOLDER`), which prints
+the run's line and rewrites the study's live.md from the summaries that exist. When Snakemake stops early (Ctrl-C, a failed job),
 `stopped_message` counts the finished and checkpointed runs and names the command that resumes them.
 
-Cheap by design: it runs once per training job, so it reads JSON files and file names only; the live
-table imports pandas (the project's table code), never torch.
+Cheap by design: it runs once per training run, so it reads JSON files and file names only; the live
+table imports pandas (the project's table code), never torch. The live figure (`live_figure`,
+matplotlib) is redrawn once per training job, after its runs.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .io import atomic_write_json, atomic_write_text
 
 PLAN = "progress.json"  # in the study folder
 LIVE = "live.md"  # in the study folder
+LIVE_FIGURE = "live_rounds.png"  # in the study folder, redrawn as each training job ends
 CHECKPOINT = "checkpoint.pt"  # fedfactor.job.CHECKPOINT (not imported: that module imports torch)
 
 
@@ -131,6 +133,26 @@ def live_table(study_dir: str | Path, now: float | None = None) -> str:
     return md
 
 
+def live_figure(study_dir: str | Path) -> Path | None:
+    """Accuracy against rounds of the runs finished so far (`fedfactor figures`' first figure), its
+    title counting them, as STUDY/live_rounds.png; None before any run has finished."""
+    from .report.figures import accuracy_curves, load_curves
+
+    study_dir = Path(study_dir)
+    if not (study_dir / PLAN).exists():  # a job started outside the workflow
+        return None
+    plan = read_plan(study_dir)
+    with open(study_dir / f".{LIVE}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done, _ = run_states(study_dir, plan["runs"])
+        if not done:
+            return None
+        curves = load_curves([study_dir / "runs" / r / "summary.json" for r in done])
+        title = f"{plan['title']} (live: {len(done)} of {len(plan['runs'])} runs finished)"
+        accuracy_curves(curves, study_dir / LIVE_FIGURE, title=title, pdf=False)
+    return study_dir / LIVE_FIGURE
+
+
 def job_finished(run_dir: str | Path, study_dir: str | Path, elapsed: float | None = None) -> str:
     """What `fedfactor progress` does: print the run's line first (it is cheap), then rewrite the
     live table."""
@@ -147,7 +169,7 @@ def start_message(study_dir: str | Path) -> str:
     total = len(plan["runs"])
     resumed = f", {len(checkpointed)} to resume from a checkpoint" if checkpointed else ""
     return (f"fedfactor: {total} training runs, {len(done)} done{resumed}; one line per finished run below, "
-            f"the table so far in {os.path.join(study_dir, LIVE)}")
+            f"the table so far in {os.path.join(study_dir, LIVE)}, its curves in {os.path.join(study_dir, LIVE_FIGURE)}")
 
 
 def finished_message(study_dir: str | Path, table: str | Path) -> str:

@@ -90,7 +90,7 @@ def selected(config: dict[str, Any], key: str) -> list[str]:
 
 # Study keys that change what runs compute or which runs exist. A config file given after the study's
 # own that sets one of them makes a variant of the study; `results`, `data_root`, `mlflow`,
-# `threads_per_job` and `gpus_per_job` only say where and how.
+# `threads_per_job`, `runs_per_job` and `gpus_per_job` only say where and how.
 VARIANT_KEYS = ("run_config", "scenarios", "methods", "seeds", "overrides", "select", "smoke")
 
 

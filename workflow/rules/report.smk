@@ -24,7 +24,7 @@ rule table:
     """Mean +- std over seeds per scenario and method."""
     input:
         study=rules.study_spec.output[0],
-        runs=runs("summary.json"),
+        runs=train_jobs(),
     output:
         md=f"{STUDY_DIR}/tables/table.md",
         csv=f"{STUDY_DIR}/tables/table.csv",
@@ -35,6 +35,7 @@ rule table:
             labels={"table": "results"},
         ),
     params:
+        runs=runs("summary.json"),
         not_implemented=NOT_IMPLEMENTED,  # the caption names them
         title=lambda w: TITLE,
     log:
@@ -44,7 +45,7 @@ rule table:
     conda:
         CONDA_ENV
     shell:
-        "fedfactor table {input.runs:q} --study {input.study:q} --out-md {output.md:q} --out-csv {output.csv:q}"
+        "fedfactor table {params.runs:q} --study {input.study:q} --out-md {output.md:q} --out-csv {output.csv:q}"
         " --out-html {output.html:q} --title {params.title:q} > {log:q} 2>&1"
 
 
@@ -52,7 +53,7 @@ rule paper_tables:
     """The paper's tables in its layout: ours (mean +- std, seeds) beside the paper's number and the difference."""
     input:
         study=rules.study_spec.output[0],
-        runs=runs("summary.json"),
+        runs=train_jobs(),
     output:
         md=f"{STUDY_DIR}/tables/paper.md",
         csv=f"{STUDY_DIR}/tables/paper.csv",
@@ -64,6 +65,7 @@ rule paper_tables:
             labels={"table": "paper vs ours"},
         ),
     params:
+        runs=runs("summary.json"),
         not_implemented=NOT_IMPLEMENTED,  # the caption names them
         out=lambda w, output: os.path.dirname(output.md),
     log:
@@ -73,14 +75,14 @@ rule paper_tables:
     conda:
         CONDA_ENV
     shell:
-        "fedfactor paper-tables {input.runs:q} --study {input.study:q} --out {params.out:q} > {log:q} 2>&1"
+        "fedfactor paper-tables {params.runs:q} --study {input.study:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule claims:
     """Each qualitative claim of the paper, evaluated on our runs: reproduced, not reproduced or not run."""
     input:
         study=rules.study_spec.output[0],
-        runs=runs("summary.json"),
+        runs=train_jobs(),
     output:
         md=f"{STUDY_DIR}/claims/claims.md",
         csv=f"{STUDY_DIR}/claims/claims.csv",
@@ -91,6 +93,7 @@ rule claims:
             labels={"claims": "verdicts"},
         ),
     params:
+        runs=runs("summary.json"),
         not_implemented=NOT_IMPLEMENTED,  # the caption names them
         out=lambda w, output: os.path.dirname(output.md),
     log:
@@ -100,7 +103,7 @@ rule claims:
     conda:
         CONDA_ENV
     shell:
-        "fedfactor claims {input.runs:q} --study {input.study:q} --out {params.out:q} > {log:q} 2>&1"
+        "fedfactor claims {params.runs:q} --study {input.study:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule figures:
@@ -108,8 +111,7 @@ rule figures:
     similarity heatmaps and matching frequencies, FedDecomp's sigma/tau and E_lora figures (PNG + PDF)."""
     input:
         study=rules.study_spec.output[0],
-        runs=runs("summary.json"),
-        metrics=runs("metrics.csv"),
+        runs=train_jobs(),
     output:
         report(
             directory(f"{STUDY_DIR}/figures"),
@@ -119,6 +121,7 @@ rule figures:
             labels={"figure": "{name}"},
         ),
     params:
+        runs=runs("summary.json"),
         title=lambda w: TITLE,
         smoke="--smoke" if SMOKE else "",
     log:
@@ -128,16 +131,14 @@ rule figures:
     conda:
         CONDA_ENV
     shell:
-        "fedfactor figures {input.runs:q} --out {output:q} --title {params.title:q} {params.smoke} > {log:q} 2>&1"
+        "fedfactor figures {params.runs:q} --out {output:q} --title {params.title:q} {params.smoke} > {log:q} 2>&1"
 
 
 rule diagnose:
     """Factor analysis of every run's client weights (FedFac's shared/personal split, for every
     method) and FedFac's split history; numbers and figures also go to each run's MLflow run."""
     input:
-        # summary.json only: the training job that writes it also writes client_weights.npz and
-        # diagnostics/, and a run without them is listed as skipped, not an error
-        runs("summary.json"),
+        train_jobs(),
     output:
         md=f"{STUDY_DIR}/diagnostics/diagnostics.md",
         csv=f"{STUDY_DIR}/diagnostics/diagnostics.csv",
@@ -150,6 +151,9 @@ rule diagnose:
             labels={"figure": "{name}"},
         ),
     params:
+        # summary.json only: the run that writes it also writes client_weights.npz and diagnostics/,
+        # and a run without them is listed as skipped, not an error
+        runs=runs("summary.json"),
         out=lambda w, output: os.path.dirname(output.md),
         uri=MLFLOW_URI,
     threads: config["threads_per_job"]
@@ -160,7 +164,7 @@ rule diagnose:
     conda:
         CONDA_ENV
     shell:
-        "OMP_NUM_THREADS={threads} fedfactor diagnose {input:q} --out {params.out:q} --figures {output.figures:q}"
+        "OMP_NUM_THREADS={threads} fedfactor diagnose {params.runs:q} --out {params.out:q} --figures {output.figures:q}"
         " --uri {params.uri:q}"
         " > {log:q} 2>&1"
 

@@ -42,9 +42,25 @@ def scenario_sets(wildcards):
     return _quoted(run_sets(OVERRIDES[wildcards.scenario], scenario=wildcards.scenario, data={"root": config["data_root"]}))
 
 
-def train_sets(wildcards):
-    method = method_sets(config["methods"][wildcards.method], wildcards.method)
-    return f"{scenario_sets(wildcards)} {_quoted(method)}"
+# The methods each training job of a scenario and seed runs, in the study's order (`runs_per_job`).
+PER_JOB = config["runs_per_job"]
+JOB_METHODS = [METHODS[i : i + PER_JOB] for i in range(0, len(METHODS), PER_JOB)]
+
+
+def job_runs(wildcards):
+    """The runs of one training job, as `fedfactor train-runs --runs` takes them (JSON)."""
+    return json.dumps([
+        {"out": f"{STUDY_DIR}/runs/{wildcards.scenario}/{m}/seed{wildcards.seed}",
+         "log": f"{STUDY_DIR}/logs/train/{wildcards.scenario}/{m}/seed{wildcards.seed}.log",
+         "set": method_sets(config["methods"][m], m)}
+        for m in JOB_METHODS[int(wildcards.job) - 1]
+    ])
+
+
+def train_jobs():
+    """The marker of every training job: written once all of its runs have finished."""
+    return expand(f"{STUDY_DIR}/jobs/train/{{scenario}}/seed{{seed}}-{{job}}.json", scenario=SCENARIOS, seed=SEEDS,
+                  job=range(1, len(JOB_METHODS) + 1))
 
 
 def runs(name):

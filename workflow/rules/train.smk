@@ -19,21 +19,22 @@ rule mlflow_init:
 
 
 rule train:
-    """One federated run: scenario x method x seed. With `gpus_per_job` > 0 it claims that many GPUs
-    no other job holds (`--resources gpu=K` caps how many run at once); under SLURM it keeps the GPUs
-    SLURM gave it."""
+    """The runs of one scenario and seed, `runs_per_job` methods of it (JOB_METHODS), one after another
+    in one process: Python, torch and MLflow start once per job. Each run keeps its folder (resume from
+    its checkpoint; a finished one is skipped) and its own log; the job's output is a marker written
+    once all of them have finished. With `gpus_per_job` > 0 it claims that many GPUs no other job holds
+    (`--resources gpu=K` caps how many run at once); under SLURM it keeps the GPUs SLURM gave it."""
     input:
         partition=f"{STUDY_DIR}/partitions/{{scenario}}/seed{{seed}}.json",
         experiment=rules.mlflow_init.output[0],
         run_config=RUN_CONFIG,
     output:
-        summary=f"{STUDY_DIR}/runs/{{scenario}}/{{method}}/seed{{seed}}/summary.json",
-        metrics=f"{STUDY_DIR}/runs/{{scenario}}/{{method}}/seed{{seed}}/metrics.csv",
+        f"{STUDY_DIR}/jobs/train/{{scenario}}/seed{{seed}}-{{job}}.json",
     params:
-        sets=train_sets,
-        out=lambda w, output: os.path.dirname(output.summary),
+        sets=scenario_sets,
+        runs=job_runs,
         uri=MLFLOW_URI,
-        study=lambda w, output: str(Path(output.summary).parents[4]),  # STUDY/runs/SCENARIO/METHOD/seedN/
+        study=lambda w, output: str(Path(output[0]).parents[3]),  # STUDY/jobs/train/SCENARIO/seedN-J.json
     threads: config["threads_per_job"]
     # One seed of every (scenario, method) cell first, then the next seed: the first complete table
     # (live.md) appears after a fraction of the study.
@@ -41,20 +42,16 @@ rule train:
     resources:
         gpu=config["gpus_per_job"],
     log:
-        f"{STUDY_DIR}/logs/train/{{scenario}}/{{method}}/seed{{seed}}.log",
+        f"{STUDY_DIR}/logs/train/{{scenario}}/seed{{seed}}-{{job}}.log",
     benchmark:
-        f"{STUDY_DIR}/benchmarks/train/{{scenario}}/{{method}}/seed{{seed}}.tsv"
+        f"{STUDY_DIR}/benchmarks/train/{{scenario}}/seed{{seed}}-{{job}}.tsv"
     conda:
         CONDA_ENV
-    # Snakemake deletes a job's log before the job starts: the lines of an interrupted attempt (its
-    # "checkpoint written" note) are kept in the run folder's attempts.log and open the resumed job's
-    # log. A finished run prints its line for the terminal and updates live.md (fedfactor progress).
+    # stdout, one line per finished run (its accuracy, time, the study's runs left and ETA), goes to
+    # the terminal; each run's log is logs/train/SCENARIO/METHOD/seedN.log, appended to by every
+    # attempt (an interrupted one's "checkpoint written" stays above the resumed one's lines).
     shell:
-        "cat {params.out:q}/attempts.log > {log:q} 2>/dev/null || true; "
-        "OMP_NUM_THREADS={threads} fedfactor train --threads {threads} --config {input.run_config:q} {params.sets}"
+        "OMP_NUM_THREADS={threads} fedfactor train-runs --threads {threads} --config {input.run_config:q} {params.sets}"
         " --set seed={wildcards.seed} --set partition.file={input.partition:q}"
         " --set tracking.uri={params.uri:q} --set tracking.experiment_id=$(cat {input.experiment:q})"
-        " --gpus {resources.gpu} --out {params.out:q} >> {log:q} 2>&1"
-        " || {{ status=$?; mkdir -p {params.out:q}; cp {log:q} {params.out:q}/attempts.log; exit $status; }}; "
-        "rm -f {params.out:q}/attempts.log; "
-        "fedfactor progress {params.out:q} --study {params.study:q} --elapsed $SECONDS"
+        " --runs {params.runs:q} --study {params.study:q} --done {output:q} --gpus {resources.gpu} 2> {log:q}"

@@ -101,7 +101,7 @@ def cnn(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
     return HeadedModel(body, nn.Linear(512, num_classes))
 
 
-@MODELS.register("cnn_bn", "CNN with BatchNorm: 2 conv_bn (32, 64, 3x3) + FC 128; the default study's model")
+@MODELS.register("cnn_bn", "CNN with BatchNorm: 2 conv_bn (16, 32, 3x3) + FC 64; the default study's model")
 def cnn_bn(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
     # The papers train BatchNorm ResNets (Factorized-FL's ResNet-9, FedDecomp's ResNet-8/10), and
     # BatchNorm changes what sharing means (FedBN, Factorized-FL's shared affine, FedDecomp's averaged
@@ -110,15 +110,15 @@ def cnn_bn(channels: int, height: int, width: int, num_classes: int) -> nn.Modul
     if height < 4 or width < 4:
         raise UsageError(f"cnn_bn needs inputs of at least 4x4 pixels (got {height}x{width})")
     body = nn.Sequential(
-        conv_bn(channels, 32),
+        conv_bn(channels, 16),
         nn.MaxPool2d(2),
-        conv_bn(32, 64),
+        conv_bn(16, 32),
         nn.MaxPool2d(2),
         nn.Flatten(),
-        nn.Linear(64 * (height // 4) * (width // 4), 128),
+        nn.Linear(32 * (height // 4) * (width // 4), 64),
         nn.ReLU(),
     )
-    return HeadedModel(body, nn.Linear(128, num_classes))
+    return HeadedModel(body, nn.Linear(64, num_classes))
 
 
 @MODELS.register("mlp", "MLP: flatten, one hidden layer of 200 ReLU units")

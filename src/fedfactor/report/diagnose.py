@@ -575,13 +575,14 @@ def _log_to_mlflow(runs: list[RunInfo], results: dict[Path, list[LayerResult]], 
 
 
 def _run_artifacts(info: RunInfo, results: list[LayerResult], kappa: float, folder: Path) -> None:
-    """One run's rows and figures, for its MLflow run."""
+    """One run's rows and figures, for its MLflow run: PNGs to look at in the UI (a PDF's embedded
+    font took 0.5 s a figure, most of the default study's diagnostics; the study's figures have them)."""
     rows = pd.DataFrame([r.row for r in results], columns=COLUMNS)
     atomic_write_text(folder / "factor_analysis.csv", rows.to_csv(index=False))
     if any(r.nu is not None for r in results):
-        save_figure(_communalities_fig(results, kappa), folder / "communalities.png")
-        save_figure(_eigenvalues_fig(results, kappa), folder / "eigenvalues.png")
+        save_figure(_communalities_fig(results, kappa), folder / "communalities.png", pdf=False)
+        save_figure(_eigenvalues_fig(results, kappa), folder / "eigenvalues.png", pdf=False)
     fedfac = [r for r in results if r.history is not None]
     if fedfac:
-        save_figure(_split_history_fig(fedfac), folder / "split_history.png")
-        save_figure(_stability_fig(fedfac), folder / "stability.png")
+        save_figure(_split_history_fig(fedfac), folder / "split_history.png", pdf=False)
+        save_figure(_stability_fig(fedfac), folder / "stability.png", pdf=False)

@@ -116,23 +116,24 @@ def legend_outside(fig, axes: Iterable, title: str | None = None, where: str = "
                title=title, title_fontsize="small", frameon=False)
 
 
-def save_figure(fig, path: str | Path) -> list[Path]:
-    """Write `fig` to `path` (.png) and to a .pdf of the same stem beside it, each atomically,
-    and close it. Returns [png, pdf]; the PNG and PDF carry the figure's title as metadata."""
+def save_figure(fig, path: str | Path, pdf: bool = True) -> list[Path]:
+    """Write `fig` to `path` (.png) and, unless `pdf` is false, to a .pdf of the same stem beside it,
+    each atomically, and close it. Returns the files written; the PNG and PDF carry the figure's
+    title as metadata."""
     plt = pyplot()
     path = Path(path)
     try:
         if path.suffix.lower() not in (".png", ".pdf"):
             raise UsageError(f"{path}: a figure's file name must end in .png (a .pdf twin is written beside it)")
-        png, pdf = path.with_suffix(".png"), path.with_suffix(".pdf")
         title = fig.get_suptitle()
-        data = {png: _render(fig, "png", {"Title": title} if title else {}),
-                pdf: _render(fig, "pdf", {"Title": title, "CreationDate": None})}  # no date: same runs, same file
+        data = {path.with_suffix(".png"): _render(fig, "png", {"Title": title} if title else {})}
+        if pdf:  # no date: same runs, same file
+            data[path.with_suffix(".pdf")] = _render(fig, "pdf", {"Title": title, "CreationDate": None})
     finally:
         plt.close(fig)
     for target, content in data.items():
         atomic_write_bytes(target, content)
-    return [png, pdf]
+    return list(data)
 
 
 def _render(fig, fmt: str, metadata: dict) -> bytes:
@@ -208,10 +209,11 @@ def mean_band(ax, frame, column: str, color, label: str, scale: float = 100.0, x
     ax.fill_between(xs, mean - std, mean + std, color=color, alpha=0.18, linewidth=0)
 
 
-def accuracy_curves(curves: pd.DataFrame, out: str | Path, title: str = "", smoke: bool = False) -> list[str]:
+def accuracy_curves(curves: pd.DataFrame, out: str | Path, title: str = "", smoke: bool = False,
+                    pdf: bool = True) -> list[str]:
     """One panel per scenario: mean client accuracy per round, mean over seeds with a +-std band.
 
-    Written to `out` (.png) and its .pdf twin. Runs on synthetic data (a `dataset` column starting
+    Written to `out` (.png) and, with `pdf`, its .pdf twin. Runs on synthetic data (a `dataset` column starting
     with "synthetic:"), or `smoke`, mark the figure as a smoke run. Returns the panel titles, in the
     order the scenarios first appear in `curves`.
     """
@@ -235,5 +237,5 @@ def accuracy_curves(curves: pd.DataFrame, out: str | Path, title: str = "", smok
         ax.set_ylabel("mean client accuracy [%]")
     legend_outside(fig, axes.flat, title="method (mean ± std over seeds)")
     decorate(fig, title, smoke)
-    save_figure(fig, out)
+    save_figure(fig, out, pdf=pdf)
     return scenarios
