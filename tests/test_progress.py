@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from fedfactor.cli import main
+from fedfactor.cli import _progress
 from fedfactor.progress import (LIVE, LIVE_FIGURE, PLAN, QuietTerminal, finished_message, live_figure, live_table,
                                 progress_line, quiet_terminal, read_plan, run_states, start_message, stopped_message,
                                 write_plan)
@@ -120,13 +120,13 @@ def test_concurrent_jobs_leave_one_complete_table_of_every_finished_run(study):
     assert not [p for p in study.iterdir() if p.name.endswith(".tmp")]
 
 
-def test_progress_command_prints_the_line_and_never_fails_the_finished_run(study, capsys):
-    assert main(["progress", str(study / "runs" / "a/local/seed0"), "--study", str(study), "--elapsed", "9"]) == 0
+def test_a_training_job_prints_the_line_and_the_view_never_fails_the_finished_run(study, capsys):
+    _progress(study / "runs" / "a/local/seed0", study, 9)  # what `fedfactor train-runs --study` does after a run
     out = capsys.readouterr().out
     assert "a/local/seed0: accuracy 40.00% in 9 s | 2/5 runs done, 3 left" in out
     assert "missing: 3 runs" in (study / LIVE).read_text()
     (study / "runs" / "a/local/seed0" / "summary.json").write_text("{")
-    assert main(["progress", str(study / "runs" / "a/local/seed0"), "--study", str(study)]) == 0
+    _progress(study / "runs" / "a/local/seed0", study, None)
     err = capsys.readouterr().err
     assert "a/local/seed0 finished, but its progress line or the live table failed" in err
 

@@ -156,8 +156,8 @@ def test_snakemake_commands_dry_run(command, workdir, tmp_path):
     assert ok, out[-3000:]
     assert re.search(r"^train\s+\d+$", out, re.M), out[-3000:]
     if "mine.yaml" in command:  # a study variant writes to a folder of its own
-        assert f"{tmp_path}/factorized_fl_label+mine/runs/" in out
-        assert f"{tmp_path}/factorized_fl_label/runs/" not in out
+        assert f"{tmp_path}/factorized_fl_label+mine/jobs/train/" in out
+        assert f"{tmp_path}/factorized_fl_label/" not in out
 
 
 @_of("fedfactor-usage")

@@ -317,10 +317,6 @@ def cmd_diagnose(args) -> None:
           f"{len(done['skipped'])} skipped{mlflow} -> {args.out}")
 
 
-def cmd_progress(args) -> None:
-    _progress(args.run, args.study, args.elapsed)
-
-
 def _live_figure(study) -> None:
     from .progress import live_figure
 
@@ -471,13 +467,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--uri", help="MLflow store of the runs (default: each run's own tracking.uri)")
     p.add_argument("--figures", help="folder for the figures (default: --out)")
     p.set_defaults(func=cmd_diagnose)
-
-    p = sub.add_parser("progress", help="one line for a finished run (accuracy, time, runs left, ETA) and the "
-                                        "study's live table; the workflow calls it after each training run")
-    p.add_argument("run", help="the finished run's folder (holding summary.json)")
-    p.add_argument("--study", required=True, help="the study folder (holding the workflow's progress.json)")
-    p.add_argument("--elapsed", type=float, help="the job's seconds, start-up included (default: the training's)")
-    p.set_defaults(func=cmd_progress)
 
     p = sub.add_parser("simulate", help="FedFac's simulation study (paper 001, Figures 6-7): csv, markdown, PNGs")
     p.add_argument("--config", help="study config YAML, e.g. config/simulation/fedfac.yaml (defaults: the same)")

@@ -215,14 +215,14 @@ def train_runs(runs: list[tuple[Config, Path, Path | None]],
             except (UsageError, RunFailed) as e:
                 log.error("%s: %s", out, e)
                 failures.append(f"{out}: {e}")
-                continue
             except Exception as e:  # a bug in one method must not cost the other runs of the job
                 log.exception("%s failed", out)
                 failures.append(f"{out}: {type(e).__name__}: {e}")
-                continue
-        if on_finished is not None:
-            on_finished(out, time.monotonic() - clock)
-        clock = time.monotonic()
+            else:
+                if on_finished is not None:
+                    on_finished(out, time.monotonic() - clock)
+            finally:
+                clock = time.monotonic()
     return failures
 
 

@@ -3,8 +3,8 @@ table, and what an interrupted study leaves behind.
 
 The workflow writes a plan when it starts (`write_plan`, from the Snakefile's onstart): the runs it
 is to build, the time and the command. Each training run, once its summary.json is written, calls
-`job_finished` (in its `fedfactor train-runs` job, or `fedfactor progress RUN_FOLDER`), which prints
-the run's line and rewrites the study's live.md from the summaries that exist. When Snakemake stops early (Ctrl-C, a failed job),
+`job_finished` (its `fedfactor train-runs` job does), which prints the run's line and rewrites the
+study's live.md from the summaries that exist. When Snakemake stops early (Ctrl-C, a failed job),
 `stopped_message` counts the finished and checkpointed runs and names the command that resumes them.
 
 Cheap by design: it runs once per training run, so it reads JSON files and file names only; the live
@@ -154,7 +154,7 @@ def live_figure(study_dir: str | Path) -> Path | None:
 
 
 def job_finished(run_dir: str | Path, study_dir: str | Path, elapsed: float | None = None) -> str:
-    """What `fedfactor progress` does: print the run's line first (it is cheap), then rewrite the
+    """After a run of a training job: print the run's line first (it is cheap), then rewrite the
     live table."""
     line = progress_line(run_dir, study_dir, elapsed)
     print(line, flush=True)

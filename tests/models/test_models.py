@@ -35,9 +35,9 @@ def test_cnn_bn_has_batchnorm_after_each_conv_and_one_hidden_layer_before_the_he
     kinds = [type(m).__name__ for m in model.body.modules() if isinstance(m, (nn.Conv2d, nn.BatchNorm2d, nn.Linear))]
     assert kinds == ["Conv2d", "BatchNorm2d", "Conv2d", "BatchNorm2d", "Linear"]
     assert all(m.bias is None for m in model.modules() if isinstance(m, nn.Conv2d))  # BN's shift replaces it
-    assert model.head.in_features == 128
-    # 1*32*9 + 32*64*9 + 64*2*2*128 (+ biases, BN affine, head)
-    assert sum(p.numel() for p in model.parameters()) == 288 + 18_432 + 32_768 + 128 + 2 * (32 + 64) + 1_290
+    assert model.head.in_features == 64
+    # 1*16*9 + 16*32*9 + 32*2*2*64 (+ biases, BN affine, head): 13,754, sized for 8x8 digits
+    assert sum(p.numel() for p in model.parameters()) == 144 + 4_608 + 8_192 + 64 + 2 * (16 + 32) + 650 == 13_754
 
 
 def test_resnet9_weight_count_matches_supplement_table4():
