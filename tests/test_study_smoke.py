@@ -78,7 +78,8 @@ def test_every_study_dry_runs_in_full(path, tmp_path):
         assert jobs == {"simulate": 1, "all": 1, "total": 2}
         return
     implemented = [m for m, e in study["methods"].items() if e["name"] in METHODS]
-    assert jobs["train"] == len(study["scenarios"]) * len(implemented) * len(study["seeds"])
+    per_job = study.get("runs_per_job", 1)  # runs of a scenario and seed, methods in the study's order
+    assert jobs["train"] == len(study["scenarios"]) * -(-len(implemented) // per_job) * len(study["seeds"])
     assert jobs["partition"] == len(study["scenarios"]) * len(study["seeds"])
     for rule in ("table", "figures", "diagnose", "study_spec", "mlflow_init"):
         assert jobs[rule] == 1, rule
