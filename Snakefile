@@ -1,10 +1,20 @@
 # fedfactor workflow: data -> partition -> train (scenario x method x seed) -> diagnostics -> tables,
 # claims, figures -> report. Logic lives in the fedfactor package; each rule is one CLI call with a log
 # and a benchmark file.
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
+
+from fedfactor.errors import UsageError
+from fedfactor.workflow import check_config_files, check_required_keys, schema_problem, stop
 
 min_version("8.0")
 
+
+# The config files given, read strictly, before the default study could be merged into them.
+try:
+    check_config_files(workflow.overwrite_configfiles or ["config/config.yaml"])
+except UsageError as e:
+    stop(e)
 
 # The default study, unless a study is given with --configfile (Snakemake would otherwise merge the
 # two, and the default's scenarios and methods would leak into every paper study).
@@ -13,7 +23,15 @@ if "study" not in config:
     configfile: "config/config.yaml"
 
 
-validate(config, "workflow/schemas/config.schema.yaml", set_default=True)
+# what was merged into `config`, the study file first: every message about the study names it
+STUDY_FILES = ", ".join(map(str, workflow.configfiles)) + (" and --config" if workflow.config_settings.config else "")
+try:
+    check_required_keys(config)
+    validate(config, "workflow/schemas/config.schema.yaml", set_default=True)
+except UsageError as e:
+    stop(f"{STUDY_FILES}: {e}")
+except WorkflowError as e:
+    stop(f"{STUDY_FILES}: {schema_problem(e)}")
 
 
 report: "workflow/report/workflow.rst"

@@ -369,3 +369,27 @@ def test_study_spec_checks_what_the_workflow_passes_and_writes_it(tmp_path, caps
         assert main(["study-spec", "--json", bad, "--out", str(tmp_path / "bad.json")]) == 2
         assert not (tmp_path / "bad.json").exists()
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command, out, pattern", [
+    ("partition", "{tmp}", "is a folder; name a file"),
+    ("partition", "{tmp}/file/p.json", "lies under"),
+    ("partition", "", "--out is empty"),
+    ("train", "", "--out is empty"),
+    ("curves", "{tmp}", "is a folder; name a file"),
+    ("claims", "{tmp}/file", "is a file, not a folder"),
+])
+def test_every_commands_output_path_is_checked_before_it_runs(tmp_path, tiny, capsys, command, out, pattern):
+    (tmp_path / "file").write_text("keep me")
+    argv = {"partition": ["partition", *_sets(tiny)], "train": ["train", *_sets(tiny)],
+            "curves": ["curves", str(tmp_path)], "claims": ["claims", str(tmp_path), "--study", "s.json"]}[command]
+    assert main([*argv, "--out", out.format(tmp=tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedfactor: error:") and err.count("\n") == 1 and pattern in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and (tmp_path / "file").read_text() == "keep me"
+
+
+def test_cost_refuses_more_rounds_than_it_replays_with_the_limit(capsys):
+    assert main(["cost", *_sets(["fl.clients=20", "fl.rounds=100000"])]) == 2
+    err = capsys.readouterr().err
+    assert "2,000,000 updates, over the 500,000 it replays" in err and err.count("\n") == 1

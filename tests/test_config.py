@@ -1,6 +1,8 @@
+import re
+
 import pytest
 
-from fedfactor.config import load_config
+from fedfactor.config import load_config, load_yaml
 from fedfactor.errors import UsageError
 
 
@@ -63,3 +65,100 @@ def test_partial_nested_sections_keep_their_defaults():
 def test_a_folder_is_not_a_config_file(tmp_path):
     with pytest.raises(UsageError, match="folder"):
         load_config(tmp_path)
+
+
+# -- strict YAML ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, where", [
+    ("fl:\n  rounds: 1\n  rounds: 3\n", "key 'rounds' appears twice in one mapping (line 3"),
+    ("fl: {rounds: 1}\nseed: 2\nfl: {epochs: 2}\n", "key 'fl' appears twice in one mapping (line 3"),
+])
+def test_a_key_given_twice_is_refused(tmp_path, text, where):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(UsageError, match=re.escape(where)):
+        load_config(f)
+
+
+def test_a_merged_mapping_may_be_overridden_by_its_own_keys():
+    doc = load_yaml("base: &b {rounds: 1, lr: 0.1}\nrun:\n  <<: *b\n  rounds: 3\n", "study")
+    assert doc["run"] == {"rounds": 3, "lr": 0.1}
+
+
+@pytest.mark.parametrize("text", ["false\n", "0\n", "[]\n", "just text\n", "[fl, rounds]\n"])
+def test_a_config_file_that_is_not_a_mapping_is_refused(tmp_path, text):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(UsageError, match="must hold a mapping of sections"):
+        load_config(f)
+
+
+def test_a_file_of_comments_only_is_the_defaults(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("# nothing set yet\n")
+    assert load_config(f) == load_config(None)
+
+
+def _alias_bomb(levels: int) -> str:
+    lines = ["a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("where", ["diagnostics: {layers: *a8}", "fl: {rounds: *a8}", "partition: {groups: *a8}",
+                                   "method: {name: fedprox, mu: *a8}"])
+def test_an_alias_bomb_is_refused_at_once(tmp_path, where):
+    f = tmp_path / "c.yaml"
+    f.write_text(_alias_bomb(9) + where + "\n")  # 10**9 values once expanded
+    with pytest.raises(UsageError, match="expands to over 100,000 values"):
+        load_config(f)
+
+
+def test_a_bad_value_is_shown_cut_short():
+    with pytest.raises(UsageError) as e:
+        load_config(None, ["diagnostics.layers=[" + ", ".join(["[1, 2, 3, 4, 5, 6, 7, 8]"] * 50) + "]"])
+    assert len(str(e.value)) < 300 and "..." in str(e.value)
+
+
+# -- bounds -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("setting, limit", [
+    ("fl.rounds=1.0e+29", "fl.rounds"), ("fl.rounds=100001", "100000"), ("fl.epochs=1001", "1000"),
+    ("fl.clients=1000000000", "100000"), ("seed=99999999999999999999", "4294967295"),
+    ("partition.samples_per_client.train=100000000", "10000000"),
+])
+def test_counts_have_upper_bounds_named_in_the_message(setting, limit):
+    with pytest.raises(UsageError, match=limit):
+        load_config(None, [setting])
+
+
+def test_the_largest_allowed_counts_are_accepted():
+    cfg = load_config(None, ["fl.rounds=100000", "fl.epochs=1000", "seed=4294967295"])
+    assert (cfg.fl.rounds, cfg.fl.epochs, cfg.seed) == (100000, 1000, 2**32 - 1)
+
+
+def test_a_methods_whole_number_hyperparameters_are_bounded():
+    with pytest.raises(UsageError, match="method.head_epochs: input should be less than or equal to 10000"):
+        load_config(None, ["method.name=fedrep", "method.head_epochs=1000000000"])
+    assert load_config(None, ["method.name=fedrep", "method.head_epochs=10000"]).method["head_epochs"] == 10000
+
+
+# -- settings another kind or command reads -------------------------------------------------------
+
+
+@pytest.mark.parametrize("setting", ["partition.groups=[[]]", "partition.groups=[]", "partition.groups=[[-1]]",
+                                     "partition.groups=nope"])
+def test_class_groups_are_checked_under_every_partition_kind(setting):
+    from fedfactor.data.partition import task_label_maps
+
+    with pytest.raises(UsageError, match="partition.groups"):
+        cfg = load_config(None, ["partition.kind=iid", setting])
+        task_label_maps(cfg.partition.spec(), 10, 4)  # the preset name is checked where presets live
+
+
+@pytest.mark.parametrize("uri", ["sqlite:///", "sqlite://", "sqlite:///:memory:", "sqlite:///?mode=ro", " "])
+def test_a_tracking_uri_without_a_store_is_refused(uri):
+    with pytest.raises(UsageError, match="tracking.uri"):
+        load_config(None, [f"tracking.uri={uri}"])

@@ -65,3 +65,20 @@ def test_no_gpus_or_none_asked_for_changes_nothing(monkeypatch, tmp_path):
 def test_more_gpus_than_the_machine_has_is_an_error(two_gpus):
     with pytest.raises(UsageError, match="3 GPUs asked for per job, but this machine has 2"):
         devices.claim_gpus(3, two_gpus)
+
+
+@pytest.mark.parametrize("name, pattern", [
+    ("mps", "no Apple MPS device is available"), ("meta", "is not supported"), ("xyz", "is not a torch device"),
+])
+def test_a_device_this_machine_lacks_or_we_do_not_support_is_refused(name, pattern, monkeypatch):
+    monkeypatch.setattr(devices.torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(UsageError, match=pattern):
+        devices.resolve_device(name)
+
+
+def test_a_cuda_index_past_the_machines_gpus_is_refused(monkeypatch):
+    monkeypatch.setattr(devices.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(devices.torch.cuda, "device_count", lambda: 2)
+    assert devices.resolve_device("cuda:1").index == 1
+    with pytest.raises(UsageError, match=r"has 2 CUDA device\(s\), cuda:0..cuda:1"):
+        devices.resolve_device("cuda:2")

@@ -8,7 +8,9 @@ import time
 
 import pytest
 
-from fedfactor.io import FILE_MODE, atomic_open, atomic_write_text, exclusive_lock, remove_stale_temporaries
+from fedfactor.errors import UsageError
+from fedfactor.io import (FILE_MODE, atomic_open, atomic_write_text, check_output, exclusive_lock,
+                          remove_stale_temporaries)
 
 HOLD = "import sys, time; from pathlib import Path; from fedfactor.io import exclusive_lock\n" \
        "with exclusive_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)\n"
@@ -50,3 +52,27 @@ def test_the_lock_waits_for_its_holder_and_is_freed_when_the_holder_is_killed(tm
     finally:
         holder.kill()
         holder.wait()
+
+
+@pytest.mark.parametrize("path, kind, pattern", [
+    ("", "folder", "--out is empty; name a folder"),
+    ("  ", "file", "--out is empty; name a file"),
+    ("/proc/fedfactor-run", "folder", "nothing can be created in /proc"),
+    ("/sys/fedfactor/p.json", "file", "nothing can be created in /sys"),
+    ("/tmp/" + "a" * 300, "folder", "is 300 bytes long; this file system allows 255"),
+])
+def test_an_output_that_cannot_be_created_is_refused(path, kind, pattern):
+    with pytest.raises(UsageError, match=pattern):
+        check_output(path, kind)
+
+
+def test_an_output_of_the_wrong_kind_is_refused_and_nothing_is_left(tmp_path):
+    (tmp_path / "file").write_text("")
+    for path, kind, pattern in ((tmp_path, "file", "is a folder; name a file"),
+                                (tmp_path / "file", "folder", "is a file, not a folder"),
+                                (tmp_path / "file" / "p.json", "file", "lies under")):
+        with pytest.raises(UsageError, match=pattern):
+            check_output(path, kind)
+    check_output(tmp_path / "new" / "p.json", "file")
+    check_output(tmp_path, "folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # the trial folder is gone

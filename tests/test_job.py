@@ -22,7 +22,8 @@ from fedfactor.errors import Interrupted, RunFailed, UsageError
 from fedfactor.fl.batched import BatchedTrainer
 from fedfactor.fl.simulator import Simulator
 from fedfactor.fl.train import Diverged, Trainer
-from fedfactor.job import CHECKPOINT, check_output_folder, finished_summary, train, train_runs
+from fedfactor.io import check_output
+from fedfactor.job import CHECKPOINT, finished_summary, train, train_runs
 from fedfactor.methods import METHODS
 from fedfactor.methods.base import Method
 from fedfactor.models.layers import effective_weight
@@ -271,8 +272,8 @@ def test_output_folder_checks(tmp_path):
     (tmp_path / "file").write_text("")
     for out, pattern in ((tmp_path / "file", "is a file"), (tmp_path / "file" / "run", "lies under")):
         with pytest.raises(UsageError, match=pattern):
-            check_output_folder(out)
-    check_output_folder(tmp_path / "new" / "run")
+            check_output(out)
+    check_output(tmp_path / "new" / "run")
     assert not (tmp_path / "new").exists()
 
 
@@ -289,7 +290,7 @@ def test_read_only_output_folder_is_refused():
         try:
             if os.geteuid() == 0:
                 os.setuid(65534)
-            check_output_folder(base / "run")
+            check_output(base / "run")
         except UsageError as e:
             code = 0 if "is not writable" in str(e) else 4
         finally:
@@ -475,16 +476,29 @@ def test_a_methods_run_warnings_reach_the_log_the_summary_and_mlflow(tmp_path, m
     assert runs[0].data.tags["fedfactor.warnings"] == line and runs[0].data.metrics["final_warnings"] == 1
 
 
-def test_a_round_that_dropped_every_clients_update_is_a_warning(tmp_path, monkeypatch, caplog):
-    def diverge(n):  # round 1: all four clients diverge; round 2: its second client only
-        if n <= 4 or n == 6:
+def test_a_round_that_kept_no_update_fails_the_run(tmp_path, monkeypatch):
+    def diverge(n):  # round 1: its second client (dropped); round 2: all four clients
+        if n == 2 or n > 4:
             raise Diverged(float("inf"), 1e4)
 
     _fit_calls(monkeypatch, diverge)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = load_config(None, [*TINY, "fl.on_divergence=skip", "checkpoint.every=1", "tracking.enabled=true",
+                             f"tracking.uri={uri}"])
+    with pytest.raises(RunFailed, match="round 2 kept no update"):
+        train(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "summary.json").exists()
+    metrics = pd.read_csv(tmp_path / "run" / "metrics.csv")
+    assert metrics["round"].tolist() == [1] and metrics["skipped_clients"].tolist() == [1]
+    _, runs = _mlflow_runs(uri)
+    assert len(runs) == 1 and runs[0].info.status == "FAILED"
+
+
+def test_a_dropped_update_is_a_warning(tmp_path, monkeypatch, caplog):
+    _fit_calls(monkeypatch, lambda n: (_ for _ in ()).throw(Diverged(float("inf"), 1e4)) if n == 6 else None)
     with caplog.at_level("WARNING", logger="fedfactor"):
-        summary = train(load_config(None, [*TINY, "fl.on_divergence=skip"]), tmp_path)
-    assert summary["skipped_updates"] == [[1, 0], [1, 1], [1, 2], [1, 3], [2, 1]]
-    every, partly = summary["warnings"]
-    assert every.startswith("1 round(s) dropped the update of every client") and "rounds 1;" in every
+        summary = train(load_config(None, [*TINY, "fl.on_divergence=skip"]), tmp_path / "other")
+    assert summary["skipped_updates"] == [[2, 1]]
+    [partly] = summary["warnings"]
     assert partly.startswith("1 client update(s) diverged and were dropped") and ": round 2 client 1;" in partly
-    assert every in caplog.text and partly in caplog.text
+    assert partly in caplog.text

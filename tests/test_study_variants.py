@@ -37,8 +37,8 @@ def test_a_file_that_changes_what_runs_gets_its_own_folder(tmp_path):
     assert study_folder(config, [study, laptop]) == "s"
     # where the store is or how many threads a job gets does not change any result
     assert study_folder(config, [study, where]) == "s"
-    # the default study loaded by the Snakefile after a command line's override file
-    assert study_folder(config, [mine, REPO / "config" / "config.yaml"]) == "s+mine"
+    # the default study with an override file (an override file alone is refused: check_config_files)
+    assert study_folder(config, [REPO / "config" / "config.yaml", mine]) == "s+mine"
 
 
 DIGITS = str(REPO / "config" / "runs" / "digits.yaml")

@@ -1,10 +1,16 @@
-"""The MLflow mirror: parallel writers on a fresh store, one run per run directory, a store that
-cannot be reached, and `mlflow-import` of the files later."""
+"""The MLflow mirror: parallel writers on a fresh and an existing store, a store killed while it
+was made, one run per run directory, a store that cannot be reached, and `mlflow-import` of the
+files later (and of damaged ones)."""
 
+import hashlib
 import json
 import logging
 import multiprocessing as mp
+import shutil
+import signal
 import sqlite3
+import subprocess
+import sys
 import time
 
 import pytest
@@ -13,6 +19,7 @@ import yaml
 from fedfactor import tracking
 from fedfactor.config import TrackingConfig
 from fedfactor.errors import UsageError
+from fedfactor.io import exclusive_lock
 from fedfactor.tracking import Tracker, import_runs, init_store
 
 STEPS = 10
@@ -45,31 +52,144 @@ def _one_run(uri: str, run_dir: str, i: int) -> None:
     tracker.finish({"accuracy_mean": i + STEPS / 100}, [])
 
 
-def test_parallel_runs_on_a_fresh_store_all_present_with_every_step(tmp_path):
-    # No init_store: the processes race to create the store and the experiment themselves.
-    uri = f"sqlite:///{tmp_path}/store/mlflow.db"
-    n = 4
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_one_run, args=(uri, str(tmp_path / f"run{i}"), i)) for i in range(n)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    assert [p.exitcode for p in procs] == [0] * n
-
-    exp_id = init_store(uri, "parallel")
-    assert init_store(uri, "parallel") == exp_id  # idempotent: the workflow may run it again
+def _check_parallel_runs(uri, run_dirs):
     runs = _runs(uri, "parallel")
-    assert sorted(r.data.params["index"] for r in runs) == [str(i) for i in range(n)]
-    assert not _client(uri).search_runs(["0"])  # nothing filed under "Default"
+    assert sorted(r.data.params["index"] for r in runs) == sorted(str(i) for i in range(len(run_dirs)))
     for r in runs:
         assert r.info.status == "FINISHED"
         i = int(r.data.params["index"])
         assert _steps(uri, r.info.run_id, "accuracy_mean") == list(range(1, STEPS + 1))
         assert r.data.metrics["final_accuracy_mean"] == i + STEPS / 100
-        state = json.loads((tmp_path / f"run{i}" / "mlflow.json").read_text())
+        state = json.loads((run_dirs[i] / "mlflow.json").read_text())
         assert r.data.tags["fedfactor.run_key"] == state["run_key"]
         assert state["run_ids"] == {uri: r.info.run_id}
+
+
+def test_parallel_jobs_on_a_fresh_and_an_existing_store_keep_every_run_and_step(tmp_path):
+    # The fresh store's jobs race to make it and the experiment; the existing store's jobs race to
+    # create the experiment. Opening a complete store takes no lock: this test holds the existing
+    # store's lock all along, and its jobs must not wait for it.
+    fresh, existing = f"sqlite:///{tmp_path}/fresh/mlflow.db", f"sqlite:///{tmp_path}/existing/mlflow.db"
+    init_store(existing, "other")
+    dirs = {uri: [tmp_path / name / f"run{i}" for i in range(4)] for name, uri in (("fresh", fresh), ("existing", existing))}
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_one_run, args=(uri, str(d), i)) for uri, ds in dirs.items() for i, d in enumerate(ds)]
+    with exclusive_lock(tmp_path / "existing" / "mlflow.db.lock"):
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(300)
+    assert [p.exitcode for p in procs] == [0] * len(procs)
+
+    for uri, run_dirs in dirs.items():
+        _check_parallel_runs(uri, run_dirs)
+    exp_id = init_store(fresh, "parallel")
+    assert init_store(fresh, "parallel") == exp_id  # idempotent: the workflow may run it again
+    assert not _client(fresh).search_runs(["0"])  # nothing filed under "Default"
+    assert not list(tmp_path.glob("*/mlflow.db.new-*"))
+
+
+# -- a store killed while it was made, or damaged ---------------------------------------------------
+
+# Runs `how` ("in place": MLflow's own first-connection migration, as fedfactor did before, or
+# "init_store") and SIGKILLs itself at the n-th statement that writes (a migration has ~440).
+_KILLED_AT = """
+import os, signal, sys
+import sqlalchemy
+from sqlalchemy import event
+
+uri, how, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+writes = 0
+
+@event.listens_for(sqlalchemy.engine.Engine, "after_cursor_execute")
+def _kill(conn, cursor, statement, *args):
+    global writes
+    if statement.lstrip().upper().startswith(("CREATE", "ALTER", "DROP", "INSERT", "UPDATE")):
+        writes += 1
+        if writes == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+if how == "in place":
+    from mlflow.store.db.utils import _initialize_tables
+    _initialize_tables(sqlalchemy.create_engine(uri))
+else:
+    from fedfactor.tracking import init_store
+    init_store(uri, "kill")
+"""
+
+
+def _killed_at(uri, how, n):
+    proc = subprocess.run([sys.executable, "-c", _KILLED_AT, uri, how, str(n)], capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+
+
+def _logs_every_step(uri, run_dir):
+    tracker = Tracker(TrackingConfig(uri=uri, experiment="kill"), run_dir, {"a": 1}, {}, "r")
+    assert tracker.active
+    for step in range(1, 4):
+        tracker.log_metrics({"bytes_up": step}, step=step)
+    tracker.finish({"accuracy": 0.5}, [])
+    (run,) = _runs(uri, "kill")
+    assert run.info.status == "FINISHED" and _steps(uri, run.info.run_id) == [1, 2, 3]
+
+
+# 3: tables without alembic_version; 272: mid-way through rebuilding `secrets`, after which MLflow
+# fails with "table _alembic_tmp_secrets already exists"
+@pytest.mark.parametrize("n", [3, 272])
+def test_a_store_killed_while_migrated_in_place_is_set_aside_and_made_again(tmp_path, caplog, n):
+    caplog.set_level(logging.WARNING, logger="fedfactor")
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    _killed_at(uri, "in place", n)
+    assert db.exists()
+    _logs_every_step(uri, tmp_path / "run")
+    (aside,) = (p for p in tmp_path.glob("mlflow.db.broken-*") if not p.name.endswith("journal"))
+    assert not list(tmp_path.glob("mlflow.db-journal"))  # moved with it: SQLite would replay it into the new one
+    (warning,) = _warnings(caplog)
+    assert str(db) in warning.getMessage() and str(aside) in warning.getMessage()
+    assert "held no runs" in warning.getMessage()
+
+
+@pytest.mark.parametrize("n", [200, 439])  # 439: creating the experiment, after the migration
+def test_a_kill_while_the_store_is_made_leaves_no_store_and_the_next_job_makes_it(tmp_path, caplog, n):
+    caplog.set_level(logging.WARNING, logger="fedfactor")
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    _killed_at(uri, "init_store", n)
+    assert not db.exists() and list(tmp_path.glob("mlflow.db.new-*"))  # only the temporary
+    _logs_every_step(uri, tmp_path / "run")
+    assert not list(tmp_path.glob("mlflow.db.new-*")) and not list(tmp_path.glob("*.broken-*"))
+    assert not _warnings(caplog)
+
+
+def _sha256(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_store_with_runs_is_never_moved_or_changed(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(tracking, "RETRY_SECONDS", 0.3)
+    caplog.set_level(logging.WARNING, logger="fedfactor")
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    _logs_every_step(uri, tmp_path / "run")
+    with sqlite3.connect(db) as con:  # as an interrupted upgrade of MLflow leaves it
+        con.execute("DROP TABLE secrets")
+    digest = _sha256(db)
+    caplog.clear()
+    _no_ops(Tracker(TrackingConfig(uri=uri, experiment="kill"), tmp_path / "run2", {"a": 1}, {}, "r"))
+    (warning,) = _warnings(caplog)
+    assert "holds 1 run but its schema is incomplete or old" in warning.getMessage()
+    assert f"mlflow db upgrade {uri}" in warning.getMessage()
+    with pytest.raises(UsageError, match="holds 1 run but"):
+        init_store(uri, "kill")
+    assert _sha256(db) == digest and sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == \
+        ["mlflow.db", "mlflow.db.lock"]
+
+    db.write_bytes(b"not a database, but maybe someone's" * 100)
+    digest = _sha256(db)
+    with pytest.raises(UsageError, match="is not a SQLite database.*left as it is"):
+        init_store(uri, "kill")
+    assert _sha256(db) == digest
 
 
 def test_one_run_directory_is_one_mlflow_run(tmp_path):
@@ -217,6 +337,68 @@ def test_import_rejects_bad_paths_and_partial_runs(tmp_path):
     with pytest.raises(UsageError, match="bad/config.yaml"):
         import_runs([good, bad], uri, "e")
     assert not (tmp_path / "mlflow.db").exists()  # every directory is checked before any write
+
+
+JUNK = bytes(range(256)) * 4
+DAMAGE = {  # file -> (what it holds, None: a folder; what the error says)
+    "summary truncated": ("summary.json", '{"accuracy": 0.3,', "not readable JSON"),
+    "summary empty": ("summary.json", "", "not readable JSON"),
+    "summary junk": ("summary.json", JUNK, "not readable JSON"),
+    "summary not an object": ("summary.json", "[0.3]", "must hold a JSON object"),
+    "summary a folder": ("summary.json", None, "is not a file"),
+    "summary text for a number": ("summary.json", '{"accuracy": "high"}', 'accuracy is "high", not a number'),
+    "metrics empty": ("metrics.csv", "", "not a readable CSV"),
+    "metrics junk": ("metrics.csv", JUNK, "not a readable CSV"),
+    "metrics a folder": ("metrics.csv", None, "not a readable CSV"),
+    "metrics header only": ("metrics.csv", "round,bytes_up\n", "holds no round"),
+    "metrics without round": ("metrics.csv", "bytes_up\n1\n", "has no 'round' column"),
+    "metrics round not a number": ("metrics.csv", "round,bytes_up\none,1\n", "round column holds something other"),
+    "metrics round a fraction": ("metrics.csv", "round,bytes_up\n1.5,1\n", "round column holds something other"),
+    "metrics round negative": ("metrics.csv", "round,bytes_up\n-1,1\n", "round column holds something other"),
+    "metrics round past int64": ("metrics.csv", "round,bytes_up\n1e30,1\n", "round column holds something other"),
+    "metrics round twice": ("metrics.csv", "round,bytes_up\n1,1\n1,2\n", "holds round 1 twice"),
+    "metrics row too long": ("metrics.csv", "round,bytes_up\n1,1,5,6\n", "more fields than the header"),
+    "metrics column twice": ("metrics.csv", "round,loss,loss\n1,1,2\n", "'loss' as a column name twice"),
+    "metrics text for a number": ("metrics.csv", "round,bytes_up\n1,many\n", "'bytes_up' holds something other"),
+    "metrics bad metric name": ("metrics.csv", "round,../up\n1,1\n", "no MLflow metric name"),
+    "config empty": ("config.yaml", "", "is empty"),
+    "config junk": ("config.yaml", JUNK, "config.yaml"),
+    "config a folder": ("config.yaml", None, "is not a file"),
+    "config not a mapping": ("config.yaml", "[1, 2]", "config.yaml"),
+    "mlflow.json junk": ("mlflow.json", JUNK, "not readable JSON"),
+    "mlflow.json empty": ("mlflow.json", "", "not readable JSON"),
+    "mlflow.json without key": ("mlflow.json", '{"run_key": "x"}', "holds no run key"),
+    "mlflow.json a folder": ("mlflow.json", None, "not readable JSON"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGE)
+def test_import_of_a_damaged_run_names_the_file_and_imports_nothing(tmp_path, case):
+    name, content, message = DAMAGE[case]
+    _make_run_dir(tmp_path / "runs" / "a_good")
+    bad = _make_run_dir(tmp_path / "runs" / "bad")
+    target = bad / name
+    target.unlink(missing_ok=True)
+    if content is None:
+        target.mkdir()
+    elif isinstance(content, bytes):
+        target.write_bytes(content)
+    else:
+        target.write_text(content)
+    with pytest.raises(UsageError) as e:
+        import_runs([tmp_path / "runs"], f"sqlite:///{tmp_path}/mlflow.db", "e")
+    assert str(target) in str(e.value) and message in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "mlflow.db").exists()  # every folder is checked before anything is written
+    assert name == "mlflow.json" or not (bad / "mlflow.json").exists()
+
+
+def test_import_refuses_two_folders_of_one_run(tmp_path):
+    a = _make_run_dir(tmp_path / "runs" / "a")
+    (a / "mlflow.json").write_text(json.dumps({"run_key": "0" * 32, "run_ids": {}}))
+    shutil.copytree(a, tmp_path / "runs" / "copy")
+    with pytest.raises(UsageError, match="runs/a and .*runs/copy hold the same run key"):
+        import_runs([tmp_path / "runs"], f"sqlite:///{tmp_path}/mlflow.db", "e")
+    assert not (tmp_path / "mlflow.db").exists()
 
 
 def test_experiments_are_filed_as_model_training_not_genai(tmp_path):

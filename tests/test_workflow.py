@@ -2,12 +2,14 @@
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
@@ -22,7 +24,7 @@ def _job_counts(stdout: str) -> dict[str, int]:
 
 
 def test_default_study_dry_run(tmp_path):
-    r = _snakemake("-n", "--config", f"results={tmp_path}/results")
+    r = _snakemake("-n", "-p", "--config", f"results={tmp_path}/results")
     assert r.returncode == 0, r.stderr + r.stdout
     jobs = _job_counts(r.stdout)
     # 3 scenarios x 8 methods x 2 seeds = 48 runs, 4 a job; one partition per scenario and seed; one dataset
@@ -30,21 +32,41 @@ def test_default_study_dry_run(tmp_path):
     assert jobs["table"] == 1 and jobs["figures"] == 1 and jobs["mlflow_init"] == 1 and jobs["diagnose"] == 1
     assert jobs["study_spec"] == 1 and "paper_tables" not in jobs and "claims" not in jobs  # no paper behind it
 
+    # The DAG build checks each run config as its train job will load it: study.smk's train_sets gives
+    # the `--set`s of the train rule's command in its order. A change to one needs the other.
+    study = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    commands = re.findall(r"^Shell command: .*fedfactor train-runs .*$", r.stdout, re.M)
+    assert len(commands) == 12
+    for command in commands:
+        argv = shlex.split(command)
+        sets = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--set"]
+        scenario = json.loads(next(s for s in sets if s.startswith("scenario=")).split("=", 1)[1])
+        overrides = run_sets(scenario_overrides(study, scenario), scenario=scenario, data={"root": "data"})
+        assert sets[:-4] == overrides and [s.split("=", 1)[0] for s in sets[-4:]] == [
+            "seed", "partition.file", "tracking.uri", "tracking.experiment_id"], command
+        for run in json.loads(argv[argv.index("--runs") + 1]):
+            method = run["out"].split("/")[-2]
+            assert run["set"] == method_sets(study["methods"][method], method)
 
-@pytest.mark.parametrize("extra, message", [
-    ({"select": {"methods": ["nosuch"]}}, "select.methods names 'nosuch', which the study does not list"),
-    ({"claims": [{"id": "x", "claim": "c", "source": "s", "kind": "order", "a": "fedavg", "b": "zz",
-                  "scenarios": ["a"]}]}, "claim 'x' names method 'zz', which the study does not list"),
-    ({"smoke": "maybe"}, "'maybe' is not of type 'boolean'"),
-    ({"methods": {"fedavg": {"name": "fedavg", "run": {"method": {"name": "local"}}}}}, "should not be valid"),
+
+# One line naming the study file, the run and the key, before any job: a fedprox hyperparameter out of
+# range (checked as the train job checks it), and a file without `study:` (it would be merged into the
+# default study). tests/test_workflow_checks.py has every other class of bad study, called directly.
+@pytest.mark.parametrize("change, message", [
+    ({"methods": {"prox": {"name": "fedprox", "mu": -1}}},
+     "{study}: scenario 'a', method 'prox': method.mu: input should be greater than or equal to 0 (got -1)"),
+    ({"study": None}, "{study}: holds no `study:`, so it is no study file. Give a study first and this file after it "
+                      "to override the study's keys, e.g. --configfile config/config.yaml {study}"),
 ])
-def test_a_bad_study_fails_the_dry_run_with_one_clear_message(tmp_path, extra, message):
+def test_a_bad_study_ends_the_dry_run_with_one_clear_line(tmp_path, change, message):
+    doc = {"study": "bad", "run_config": str(REPO / "config" / "runs" / "digits.yaml"), "results": str(tmp_path),
+           "seeds": [0], "scenarios": {"a": {"partition": {"kind": "iid"}}}, "methods": {"fedavg": {"name": "fedavg"}}}
+    doc.update(change)
     study = tmp_path / "bad.yaml"
-    study.write_text(json.dumps({"study": "bad", "run_config": str(REPO / "config" / "runs" / "digits.yaml"),
-                                 "seeds": [0], "scenarios": {"a": {"partition": {"kind": "iid"}}},
-                                 "methods": {"fedavg": {"name": "fedavg"}}, **extra}))
-    r = _snakemake("-n", "--configfile", str(study), cwd=tmp_path)
-    assert r.returncode != 0 and message in r.stdout + r.stderr, r.stdout + r.stderr
+    study.write_text(json.dumps({k: v for k, v in doc.items() if v is not None}))
+    r = _snakemake("-n", "--configfile", str(study), cwd=REPO)
+    lines = [line for line in (r.stdout + r.stderr).splitlines() if line and not line.startswith("Using workflow")]
+    assert r.returncode == 1 and lines == [message.format(study=study)], r.stdout + r.stderr
 
 
 def test_lint_is_clean(tmp_path):
@@ -113,7 +135,8 @@ def test_tiny_study_runs_end_to_end_and_a_rerun_does_nothing(tmp_path):
 # fedfactor.workflow: what the Snakefile asks of the package
 
 from fedfactor.errors import UsageError  # noqa: E402
-from fedfactor.workflow import deep_merge, implemented, method_sets, scenario_overrides, selected  # noqa: E402
+from fedfactor.workflow import (deep_merge, implemented, method_sets, run_sets, scenario_overrides,  # noqa: E402
+                                selected)
 
 
 def _study(**extra):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -50,6 +51,9 @@ def _set_threads(n: int) -> None:
     """torch's CPU threads for this process (0: torch's own default), before any work."""
     if n < 0:
         raise UsageError(f"--threads must be 0 (torch's default) or a positive count, not {n}")
+    cores = os.cpu_count() or 1
+    if n > cores:  # more threads than cores only slows torch down, and 10**5 of them exhaust memory
+        raise UsageError(f"--threads {n} is more than this machine's {cores} CPU cores")
     import torch
 
     if n:
@@ -123,10 +127,21 @@ def _run_list(text: str) -> list[dict]:
     return [{"set": [], **r} for r in runs]
 
 
+# `cost` replays every round on shapes, about 0.3 ms a client trained in a round (3 min for this many)
+MAX_COST_UPDATES = 500_000
+
+
 def cmd_cost(args) -> None:
+    import math
+
     from .fl.simulator import Simulator
 
     cfg = _config(args)
+    updates = cfg.fl.rounds * math.ceil(cfg.fl.fraction * cfg.fl.clients)
+    if updates > MAX_COST_UPDATES:
+        raise UsageError(f"cost replays each round: {cfg.fl.rounds:,} rounds x {updates // cfg.fl.rounds:,} clients "
+                         f"trained a round = {updates:,} updates, over the {MAX_COST_UPDATES:,} it replays; "
+                         "cost fewer rounds and scale (bytes grow with the rounds)")
     sim = Simulator(cfg, dry_run=True)
     sim.run()
     m = sim.meter
@@ -477,12 +492,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Each command's output options and what they name, checked before the command runs.
+OUTPUTS = {
+    "train": [("out", "folder")], "train-runs": [("done", "file")], "partition": [("out", "file")],
+    "prepare-data": [("root", "folder"), ("out", "file")], "mlflow-init": [("out", "file")],
+    "table": [("out_md", "file"), ("out_csv", "file"), ("out_html", "file")], "study-spec": [("out", "file")],
+    "paper-tables": [("out", "folder")], "claims": [("out", "folder")], "figures": [("out", "folder")],
+    "curves": [("out", "file")], "figure": [("out", "file")], "diagnose": [("out", "folder"), ("figures", "folder")],
+    "simulate": [("out", "folder")],
+}
+
+
+def _check_args(args) -> None:
+    """The checks every command shares: output paths and MLflow store URIs."""
+    from .io import check_output
+
+    for dest, kind in OUTPUTS.get(args.command, []):
+        if getattr(args, dest) is not None:
+            check_output(getattr(args, dest), kind, "--" + dest.replace("_", "-"))
+    if getattr(args, "uri", None) is not None:
+        from .config import check_tracking_uri
+
+        check_tracking_uri(args.uri, "--uri")
+        if args.uri.startswith("sqlite:///") and args.command != "diagnose":  # diagnose never creates a store
+            check_output(args.uri.removeprefix("sqlite:///").split("?", 1)[0], "file", "--uri")
+    if getattr(args, "experiment", None) is not None and not args.experiment.strip():
+        raise UsageError("--experiment is empty; name the MLflow experiment")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("fontTools").setLevel(logging.WARNING)  # matplotlib's PDF font subsetting chatters at INFO
     try:
+        _check_args(args)
         args.func(args)
     except UsageError as e:
         print(f"fedfactor: error: {e}", file=sys.stderr)

@@ -12,6 +12,7 @@ open"); where they disagree (the evaluation protocol) each paper's run config sa
 
 from __future__ import annotations
 
+import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -31,6 +32,17 @@ def _not_bool(v: Any) -> Any:
 
 Int = Annotated[int, BeforeValidator(_not_bool)]
 Float = Annotated[float, BeforeValidator(_not_bool)]
+
+# Upper bounds on counts, refused up front with the limit in the message: `fl.rounds=1e29` would
+# otherwise be accepted and train until killed. Each is far above what any paper runs (FedFac:
+# 3,550 FEMNIST writers; the longest runs here: 2,000 rounds, 20 local epochs).
+MAX_CLIENTS = 100_000
+MAX_ROUNDS = 100_000
+MAX_EPOCHS = 1_000
+MAX_SAMPLES = 10_000_000  # samples a client draws (dirichlet_fixed), a batch
+MAX_SEED = 2**32 - 1  # numpy's and most tools' seed range; torch.manual_seed overflows above 2**64
+# A method's whole-number hyperparameters (epochs, ranks, rounds of warm-up, iterations)
+MethodCount = Annotated[int, BeforeValidator(_not_bool), Field(le=10_000)]
 
 
 class Section(BaseModel):
@@ -60,24 +72,26 @@ class DataConfig(Section):
 class SamplesPerClient(Section):
     """dirichlet_fixed (FedDecomp): samples each client draws per split."""
 
-    train: Int = Field(500, ge=1)
-    val: Int = Field(0, ge=0)
-    test: Int = Field(100, ge=0)
+    train: Int = Field(500, ge=1, le=MAX_SAMPLES)
+    val: Int = Field(0, ge=0, le=MAX_SAMPLES)
+    test: Int = Field(100, ge=0, le=MAX_SAMPLES)
 
 
 class PartitionConfig(Section):
     kind: str = "iid"
     alpha: Float = Field(0.5, gt=0)
     classes_per_client: Int = Field(2, ge=1)
-    groups: str | list[list[Int]] | None = None  # a preset name or a list of class lists
-    clients_per_group: Int | None = Field(None, ge=1)
+    # a preset name or a list of class lists; checked under every kind, not only the one using it
+    groups: str | Annotated[list[Annotated[list[Annotated[Int, Field(ge=0)]], Field(min_length=1)]],
+                            Field(min_length=1)] | None = None
+    clients_per_group: Int | None = Field(None, ge=1, le=MAX_CLIENTS)
     samples_per_client: SamplesPerClient = Field(default_factory=SamplesPerClient)
     # dirichlet_fixed: True draws each client's samples independently (clients may share samples),
     # as FedDecomp's official code does; False makes clients disjoint.
     overlap: bool = True
-    min_train_samples: Int = Field(1, ge=1)
+    min_train_samples: Int = Field(1, ge=1, le=MAX_SAMPLES)
     permute_labels: bool = False
-    permutation_seed: Int = Field(1234, ge=0)
+    permutation_seed: Int = Field(1234, ge=0, le=MAX_SEED)
     file: str | None = None  # a partition saved by `fedfactor partition`; overrides the fields above
 
     @field_validator("groups", mode="wrap")
@@ -101,11 +115,11 @@ class ModelConfig(Section):
 
 
 class FLConfig(Section):
-    clients: Int = Field(20, ge=1)
-    rounds: Int = Field(50, ge=1)
+    clients: Int = Field(20, ge=1, le=MAX_CLIENTS)
+    rounds: Int = Field(50, ge=1, le=MAX_ROUNDS)
     fraction: Float = Field(1.0, gt=0, le=1)  # share of clients sampled per round
-    epochs: Int = Field(5, ge=1)
-    batch_size: Int = Field(64, ge=1)
+    epochs: Int = Field(5, ge=1, le=MAX_EPOCHS)
+    batch_size: Int = Field(64, ge=1, le=MAX_SAMPLES)
     optimizer: Literal["sgd", "adam"] = "sgd"  # a method's training phases may name another
     lr: Float = Field(0.01, gt=0)
     momentum: Float = Field(0.9, ge=0, lt=1)  # SGD only
@@ -117,7 +131,8 @@ class FLConfig(Section):
     device: str = "auto"
     # A client whose mean training loss in a round is NaN, infinite or above max_loss has diverged:
     # "stop" ends the run naming the round and client; "skip" drops that client's update for the
-    # round (its state stays as it was, nothing is uploaded) and records it in metrics.csv.
+    # round (its state stays as it was, nothing is uploaded) and records it in metrics.csv; a round
+    # left with no update at all stops the run as "stop" does.
     on_divergence: Literal["stop", "skip"] = "stop"
     max_loss: Float = Field(1e4, gt=0)
     # Train the round's clients as one batched computation (torch.func.vmap over their stacked
@@ -172,12 +187,40 @@ class DiagnosticsConfig(Section):
     max_clients: Int = Field(10, ge=1)  # clients kept (those trained in the last round first)
 
 
+# MLflow's tracking stores: a database through SQLAlchemy, a folder, a server
+TRACKING_SCHEMES = {"sqlite", "postgresql", "mysql", "mssql", "file", "http", "https", "databricks"}
+
+
+def check_tracking_uri(uri: str, key: str = "tracking.uri") -> str:
+    """A store URI MLflow would not silently replace: `sqlite:///` without a file logs to ./mlruns."""
+    if not uri.strip():
+        raise UsageError(f"{key} is empty; give a store, e.g. sqlite:///results/mlflow.db")
+    scheme = uri.split("://", 1)[0].split("+", 1)[0] if "://" in uri else ""  # postgresql+psycopg2://
+    if scheme and scheme not in TRACKING_SCHEMES:  # MLflow would fail at the first call, and the job train on untracked
+        raise UsageError(f"{key} {uri!r}: unknown scheme {scheme!r}; use one of {', '.join(sorted(TRACKING_SCHEMES))}, "
+                         "or a local folder")
+    if uri.startswith("sqlite:"):
+        path = uri.removeprefix("sqlite:///").split("?", 1)[0] if uri.startswith("sqlite:///") else ""
+        if not path or path == ":memory:":
+            raise UsageError(f"{key} {uri!r} names no database file; write sqlite:///PATH, e.g. "
+                             "sqlite:///results/mlflow.db (four slashes for an absolute path)")
+    return uri
+
+
 class TrackingConfig(Section):
     enabled: bool = True
     uri: str = "sqlite:///results/mlflow.db"
-    experiment: str = "fedfactor"
+    experiment: str = Field("fedfactor", min_length=1)
     experiment_id: str | None = None  # set by the workflow so parallel jobs never create experiments
     run_name: str | None = None
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str) -> str:
+        try:
+            return check_tracking_uri(v)
+        except UsageError as e:
+            raise ValueError(str(e).removeprefix("tracking.uri ")) from None
 
     @field_validator("experiment_id", mode="before")
     @classmethod
@@ -186,7 +229,7 @@ class TrackingConfig(Section):
 
 
 class Config(Section):
-    seed: Int = Field(0, ge=0)
+    seed: Int = Field(0, ge=0, le=MAX_SEED)
     scenario: str = "custom"  # a label for tables and MLflow; does not change behaviour
     # the method's label in a study (tables, MLflow; "" = the method's name): a study may run one
     # method under several labels with different hyperparameters
@@ -226,6 +269,11 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# A value shown in a message is cut short: a YAML alias bomb's list must not be printed whole.
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxstring, _SHORT.maxother = 3, 6, 80, 80
+
+
 def validation_message(err: ValidationError, prefix: str = "") -> str:
     """The first error of a pydantic ValidationError as one line: `key: what is wrong (got value)`."""
     e = err.errors()[0]
@@ -233,7 +281,7 @@ def validation_message(err: ValidationError, prefix: str = "") -> str:
     if e["type"] == "extra_forbidden":
         return f"unknown config key {key!r}"
     got = e.get("input")
-    shown = repr(got) if not isinstance(got, dict) else "a mapping"
+    shown = _SHORT.repr(got) if not isinstance(got, dict) else "a mapping"
     msg = e["msg"].removeprefix("Value error, ")
     return f"{key or 'config'}: {msg[0].lower()}{msg[1:]} (got {shown})".replace("\n", " ")
 
@@ -258,34 +306,106 @@ def _set_dotted(d: dict, dotted: str, value: Any) -> None:
     d[keys[-1]] = value
 
 
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    pass
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, refusing a key given twice in one mapping: PyYAML keeps the last
+    silently, so a second `fl:` block or `rounds: 1` then `rounds: 3` would win unnoticed."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: explicit keys may override it
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise _DuplicateKey(None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping)
+
+# Values a YAML document may expand to, aliases counted at every use: ours hold a few hundred,
+# and an alias bomb (each level repeating the one before) holds billions that every later walk
+# of the config would visit.
+MAX_YAML_VALUES = 100_000
+MAX_CONFIG_BYTES = 2**20
+
+
+def _too_many_values(doc: Any, budget: int = MAX_YAML_VALUES) -> bool:
+    stack = [doc]
+    while stack:
+        budget -= 1
+        if budget < 0:
+            return True
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """A YAML document as Python values, safely (no tags that build objects); UsageError naming
+    `source` for invalid YAML, a key given twice, or a document of over MAX_YAML_VALUES values."""
+    try:
+        doc = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+    except _DuplicateKey as e:
+        mark = e.problem_mark
+        raise UsageError(f"{source}: {e.problem} (line {mark.line + 1}, column {mark.column + 1})") from None
+    except yaml.YAMLError as e:
+        problem = " ".join(str(e).split())
+        raise UsageError(f"{source} is not valid YAML: {problem[:300]}") from None
+    except RecursionError:
+        raise UsageError(f"{source} is nested too deeply to be a config") from None
+    if _too_many_values(doc):
+        raise UsageError(f"{source} expands to over {MAX_YAML_VALUES:,} values (YAML aliases repeating "
+                         "each other?); a config holds far fewer")
+    return doc
+
+
 def parse_set(item: str) -> tuple[str, Any]:
     if "=" not in item:
         raise UsageError(f"--set expects dotted.key=value, got {item!r}")
     key, raw = item.split("=", 1)
     try:
         # YAML parsing gives 0.5 -> float, true -> bool, [1,2] -> list, as in the config file.
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
+        value = load_yaml(raw, f"--set {key.strip()}") if raw.strip() else None
+    except UsageError as e:
+        if "not valid YAML" not in str(e):
+            raise
         value = raw  # not YAML: keep the text; the typed config says whether a string may go there
     return key.strip(), value
 
 
 def read_mapping(path: str | Path | None) -> dict:
-    """A YAML config file as a dict ({} without a path); every failure is one UsageError."""
-    raw: Any = {}
-    if path is not None:
-        try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            raise UsageError(f"config file {str(path)!r} does not exist") from None
-        except IsADirectoryError:
-            raise UsageError(f"config file {str(path)!r} is a folder, not a YAML file") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise UsageError(f"config file {str(path)!r} cannot be read: {e}") from None
-        except yaml.YAMLError as e:
-            raise UsageError(f"config file {str(path)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+    """A YAML config file as a dict ({} without a path, or for a file of comments only); every
+    failure is one UsageError."""
+    if path is None:
+        return {}
+    try:
+        with open(path, "rb") as f:  # read at most a byte past the limit: /dev/zero never ends
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise UsageError(f"config file {str(path)!r} is over {MAX_CONFIG_BYTES // 2**20} MiB; a config is a few KiB")
+        text = data.decode("utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"config file {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise UsageError(f"config file {str(path)!r} is a folder, not a YAML file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"config file {str(path)!r} cannot be read: {' '.join(str(e).split())[:200]}") from None
+    raw = load_yaml(text, f"config file {str(path)!r}")
+    if raw is None:  # empty, or comments only
+        return {}
     if not isinstance(raw, dict):
-        raise UsageError(f"config file {str(path)!r} must hold a mapping of sections")
+        # `false`, `0` or `[]` would otherwise read as "no settings" and run on the defaults
+        raise UsageError(f"config file {str(path)!r} must hold a mapping of sections, not {_SHORT.repr(raw)}")
     return raw
 
 

@@ -20,16 +20,28 @@ log = logging.getLogger("fedfactor")
 _HELD: list = []
 
 
-def resolve_device(name: str | torch.device = "auto") -> torch.device:
-    """"auto" is the GPU when there is one; anything else must name an available device."""
+def resolve_device(name: str | torch.device = "auto", available: bool = True) -> torch.device:
+    """"auto" is the GPU when there is one; anything else must name a supported device, available
+    here unless `available` is false (`fedfactor cost` needs no device, only a valid name)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError):
-        raise UsageError(f"device {name!r} is not a torch device; use auto, cpu or cuda[:N]") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"device {name!r} asked for, but no CUDA device is available; use auto or cpu")
+        raise UsageError(f"device {name!r} is not a torch device; use auto, cpu, cuda[:N] or mps") from None
+    if device.type not in ("cpu", "cuda", "mps"):  # meta, xpu, ...: nothing here is written or tested for them
+        raise UsageError(f"device {name!r} is not supported; use auto, cpu, cuda[:N] or mps")
+    if not available:
+        return device
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"device {name!r} asked for, but no CUDA device is available; use auto or cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UsageError(f"device {name!r} asked for, but this machine has {torch.cuda.device_count()} CUDA "
+                             f"device(s), cuda:0..cuda:{torch.cuda.device_count() - 1}")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise UsageError(f"device {name!r} asked for, but no Apple MPS device is available; use auto or cpu")
     return device
 
 
@@ -96,3 +108,13 @@ def release_gpus() -> None:
     """Let go of the GPUs `claim_gpus` took (the process exiting does the same)."""
     while _HELD:
         _HELD.pop().close()
+
+
+def memory_bytes(device: torch.device) -> int | None:
+    """The memory of `device` (a GPU's own, else the machine's), or None where it cannot be read."""
+    try:
+        if device.type == "cuda":
+            return torch.cuda.get_device_properties(device).total_memory
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError, RuntimeError, AssertionError):
+        return None

@@ -17,7 +17,9 @@ import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Iterator, Literal
+
+from .errors import UsageError
 
 log = logging.getLogger("fedfactor")
 
@@ -114,3 +116,37 @@ def folder_lock(folder: Path) -> Iterator[None]:
         f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
         f.flush()
         yield
+
+
+def check_output(path: str | Path, kind: Literal["folder", "file"] = "folder", option: str = "--out") -> None:
+    """Refuse an output path that cannot become a writable `kind`, before anything runs or is written.
+
+    Whether a folder can be created is tried, not read from its mode: root may write anywhere
+    os.access says no, and /proc or /sys refuse creation whatever the mode says.
+    """
+    if not str(path).strip():
+        raise UsageError(f"{option} is empty; name a {kind}")  # Path("") is the current folder
+    path = Path(path)
+    name_max = 255
+    with contextlib.suppress(OSError, ValueError):
+        name_max = os.pathconf(os.path.dirname(os.path.abspath(path)) or "/", "PC_NAME_MAX")
+    long = next((p for p in path.parts if len(os.fsencode(p)) > name_max), None)
+    if long is not None:
+        raise UsageError(f"{option}: the name {long[:40]}... is {len(os.fsencode(long))} bytes long; this file system "
+                         f"allows {name_max}")
+    if path.exists():
+        if kind == "folder" and not path.is_dir():
+            raise UsageError(f"{option} {path} is a file, not a folder; choose a folder path")
+        if kind == "file" and path.is_dir():
+            raise UsageError(f"{option} {path} is a folder; name a file")
+    parent = path if kind == "folder" and path.is_dir() else path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"{option} {path} lies under {parent}, which is a file; choose a {kind} path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: {parent} is not writable; choose a {kind} you can write to")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".fedfactor-check-"))
+    except OSError as e:
+        raise UsageError(f"{option} {path}: nothing can be created in {parent} ({e.strerror})") from None

@@ -36,7 +36,7 @@ from .config import Config, flatten
 from .errors import Interrupted, RunFailed, UsageError
 from .fl.simulator import ACCURACY_FIELDS, RoundRecord, Simulator, summarize
 from .models.layers import effective_weight, layer_entries
-from .io import (atomic_open, atomic_write_json, atomic_write_npy, atomic_write_text, folder_lock,
+from .io import (atomic_open, atomic_write_json, atomic_write_npy, atomic_write_text, check_output, folder_lock,
                  remove_stale_temporaries)
 from .tracking import FINAL_KEYS, RUN_FILES, STATE_FILE, Tracker, log_to_run, run_identity
 
@@ -46,23 +46,6 @@ CHECKPOINT = "checkpoint.pt"
 WEIGHTS = "client_weights.npz"  # final client weights of the analysed layers (fedfactor diagnose)
 FINGERPRINT = "fingerprint.json"  # the result-determining config of the run this folder holds
 CHECKPOINT_VERSION = 1
-
-
-def check_output_folder(out: Path) -> None:
-    """Refuse an --out that cannot become a writable folder, before anything runs or is written."""
-    if out.exists():
-        if not out.is_dir():
-            raise UsageError(f"--out {out} is a file, not a folder; choose a folder path")
-        if not os.access(out, os.W_OK | os.X_OK):
-            raise UsageError(f"--out {out} is not writable; choose a folder you can write to")
-        return
-    parent = out.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UsageError(f"--out {out} lies under {parent}, which is a file; choose a folder path")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot create --out {out}: {parent} is not writable")
 
 
 def fingerprint(cfg: Config) -> dict[str, Any]:
@@ -148,7 +131,7 @@ def save_client_weights(cfg: Config, sim: Simulator, path: Path) -> tuple[dict[i
 
 def train(cfg: Config, out: Path) -> dict[str, Any]:
     """Run (or resume) the training `cfg` describes in folder `out`; returns the summary."""
-    check_output_folder(out)
+    check_output(out, "folder")
     sim = Simulator(cfg)  # every check on the config and the data happens here, before any output
     out.mkdir(parents=True, exist_ok=True)
     # Signals are caught from here on: one arriving while the MLflow run opens still ends in a
@@ -202,7 +185,7 @@ def train_runs(runs: list[tuple[Config, Path, Path | None]],
     time.monotonic() value, by default this call).
     """
     for _, out, _ in runs:  # every folder can be written, before any run starts
-        check_output_folder(out)
+        check_output(out, "folder")
     failures = []
     clock = time.monotonic() if since is None else since
     for cfg, out, log_path in runs:
@@ -309,18 +292,12 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
             for name, sc in scored.items()}}
     analysed, analysed_clients = save_client_weights(cfg, sim, out / WEIGHTS)
     # How the run degenerated, if it did: the method's account from its logged scalars, and the
-    # loop's own, a round that dropped every trained client's update (nothing reached the server).
+    # loop's own, the diverged updates it dropped (a round that dropped every one has stopped the run).
     warnings = list(sim.method.run_warnings([r.diagnostics for r in sim.records]))
-    dropped = [r.round for r in sim.records if r.skipped and len(r.skipped) == len(sim.sample(r.round))]
+    dropped = [(r.round, k) for r in sim.records for k in r.skipped]
     if dropped:
-        shown = ", ".join(map(str, dropped[:10])) + (", ..." if len(dropped) > 10 else "")
-        warnings.append(f"{len(dropped)} round(s) dropped the update of every client they trained (their training "
-                        f"loss diverged; fl.on_divergence=skip): rounds {shown}; see skipped_updates, lower fl.lr")
-    # the other dropped updates: those clients kept their last state while the round went on
-    partly = [(r.round, k) for r in sim.records if r.skipped and r.round not in dropped for k in r.skipped]
-    if partly:
-        shown = ", ".join(f"round {r} client {k}" for r, k in partly[:10]) + (", ..." if len(partly) > 10 else "")
-        warnings.append(f"{len(partly)} client update(s) diverged and were dropped (fl.on_divergence=skip; the "
+        shown = ", ".join(f"round {r} client {k}" for r, k in dropped[:10]) + (", ..." if len(dropped) > 10 else "")
+        warnings.append(f"{len(dropped)} client update(s) diverged and were dropped (fl.on_divergence=skip; the "
                         f"client kept its last state): {shown}; see skipped_updates, lower fl.lr")
     for line in warnings:
         log.warning("%s: %s", run_name, line)

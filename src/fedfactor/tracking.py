@@ -12,24 +12,42 @@ MLflow run carries it as the tag `fedfactor.run_key`. Opening a directory again 
 an import) continues that run instead of adding one, and skips the steps the store already has.
 `log_to_run` adds later results (`fedfactor diagnose`) to that same run, creating nothing.
 
-Parallel jobs and SQLite: MLflow creates and migrates a SQLite schema on the first connection of
-each process (SqlAlchemyStore.__init__ -> mlflow.store.db.utils._initialize_tables, with no lock of
-its own for tracking stores), so processes starting at once on a fresh store race and break it; two
-processes creating the same experiment race too. Opening the store and getting or creating the
-experiment therefore happen under an exclusive `flock` on `<db>.lock` beside the database.
+Parallel jobs and SQLite. MLflow migrates a SQLite store in place on a process's first connection
+(SqlAlchemyStore.__init__ -> mlflow.store.db.utils._initialize_tables), with no lock of its own and
+not in one transaction (pysqlite commits most DDL as it runs), so a kill mid-migration leaves tables
+that the next migration trips over ("table secrets already exists"). Hence:
+- A fresh store is made in a temporary file beside the database (migrated, the experiment created),
+  then renamed into place. Only that takes a lock: an exclusive `flock` on `<db>.lock`, held while
+  the file is made and checked missing; the kernel drops it when its holder dies however it dies.
+  `mlflow.db` is therefore either absent or complete, whenever a creator is killed.
+- Every open first checks the schema without a lock (`_inspect`: tables and alembic revision, read
+  with sqlite3). A complete store is opened by all jobs at once; SQLite's own locking and MLflow's
+  busy timeout (20 s a statement, then `_retry`) serialise their writes. The journal stays
+  SQLite's default: WAL measured no better (16 writers x 100 steps: no lock error either way, the
+  same time) and needs write access for readers and a local file system.
+- A half-made store that holds no runs (an older version's kill, an interrupted creation by MLflow
+  itself) is set aside beside it, with a warning naming both files, and made again; one that holds
+  runs is never moved or changed: tracking stops with the reason.
+- Two jobs creating the same experiment: the loser gets RESOURCE_ALREADY_EXISTS (a unique name
+  column) and takes the winner's. A file store checks names without such a constraint, so creating
+  an experiment there happens under the lock.
 """
 
 from __future__ import annotations
 
+import functools
+import glob
 import json
 import logging
 import math
 import os
 import random
+import socket
+import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlparse
@@ -45,8 +63,12 @@ T = TypeVar("T")
 
 # Total seconds one store call may keep failing (retried with backoff) before the tracker gives up.
 RETRY_SECONDS = 25.0
-# Seconds a process waits for another one holding the store's creation lock (a schema migration).
-LOCK_SECONDS = 60.0
+# Seconds a process waits for another one holding the store lock: making a store takes seconds,
+# and over two minutes with 16 jobs starting on 2 busy cores.
+LOCK_SECONDS = 600.0
+# Seconds a sqlite3 connection here waits for another one's write (MLflow's own sessions: 20).
+_BUSY_SECONDS = 20.0
+_JOURNALS = ("-journal", "-wal", "-shm")
 _BACKOFF_FIRST = 0.1
 _BACKOFF_MAX = 4.0
 # An unreachable tracking server must not stall a job for minutes (MLflow's defaults: 7 retries
@@ -124,38 +146,166 @@ def _local_path(uri: str) -> Path | None:
 
 @contextmanager
 def _store_lock(uri: str) -> Iterator[None]:
-    """Exclusive across processes for a local store (`<db>.lock` beside it); nothing for others."""
+    """Exclusive across processes for a local store (`<db>.lock` beside it), for the writes that
+    must not race: making a store, creating an experiment in a file store. Nothing for others.
+    TimeoutError after LOCK_SECONDS."""
     path = _local_path(uri)
     if path is None:
         yield
         return
+    with exclusive_lock(Path(f"{path}.lock"), timeout=LOCK_SECONDS) as f:
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")  # named to whoever waits
+        f.flush()
+        yield
+
+
+@functools.cache
+def _schema() -> tuple[str, frozenset[str], frozenset[str]]:
+    """(head revision, every revision, the tables) of the installed MLflow's SQL schema."""
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db import utils
+
+    revisions = ScriptDirectory.from_config(utils._get_alembic_config("")).walk_revisions()
+    return (utils._get_latest_schema_revision(), frozenset(r.revision for r in revisions),
+            frozenset(utils.Base.metadata.tables))
+
+
+def _inspect(db: Path) -> tuple[str, int]:
+    """("complete" | "missing" | what is incomplete, how many runs it holds) of a SQLite store.
+
+    Raises _Fatal for a file that must be left alone: not a database, or a newer MLflow's store."""
+    if not db.exists():
+        return "missing", 0
+    try:  # mode=rw: never creates the file; a hot journal a kill left is rolled back here
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=rw", uri=True, timeout=_BUSY_SECONDS)
+        try:
+            tables = {t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            row = con.execute("SELECT version_num FROM alembic_version").fetchone() \
+                if "alembic_version" in tables else None
+            runs = con.execute("SELECT count(*) FROM runs").fetchone()[0] if "runs" in tables else 0
+        finally:
+            con.close()
+    except sqlite3.OperationalError:  # locked, unreadable: retried
+        raise
+    except sqlite3.DatabaseError as e:
+        raise _Fatal(f"{db} is not a SQLite database ({e}); it is left as it is: move it away or set "
+                     "tracking.uri to another store") from None
+    head, known, expected = _schema()
+    revision = row[0] if row else None
+    if revision is not None and revision not in known:
+        raise _Fatal(f"{db} has schema revision {revision}, unknown to the installed MLflow "
+                     f"{_mlflow().__version__}: a newer MLflow made it; install that version")
+    missing = expected - tables
+    if revision == head and not missing:
+        return "complete", runs
+    if not tables:
+        return "it has no tables", runs
+    return (f"its schema is incomplete or old (revision {revision or 'none'}, not {head}; {len(missing)} "
+            f"of {len(expected)} tables missing)"), runs
+
+
+def _set_aside(db: Path) -> Path:
+    """Rename the database and its journal files (SQLite finds them by name: a journal left beside
+    a new database would be replayed into it) to `<db>.broken-<time>`; return that path."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside, n = db.with_name(f"{db.name}.broken-{stamp}"), 1
+    while any(Path(f"{aside}{s}").exists() for s in ("", *_JOURNALS)):
+        aside, n = db.with_name(f"{db.name}.broken-{stamp}-{n}"), n + 1
+    for s in (*_JOURNALS, ""):
+        if Path(f"{db}{s}").exists():
+            os.rename(f"{db}{s}", f"{aside}{s}")
+    return aside
+
+
+def _artifact_root(db: Path) -> str:
+    """Artifacts beside the database, so results/ holds the whole store."""
+    return (db.parent / "mlartifacts").resolve().as_uri()
+
+
+def _create(db: Path, experiment: str) -> None:
+    """Make a complete store with `experiment` in a temporary file and rename it to `db`. Called
+    under the store lock with `db` missing; a kill leaves at most the temporary, removed next time."""
+    from mlflow.entities import ExperimentTag
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    for old in db.parent.glob(f"{glob.escape(db.name)}.new-*"):  # a killed creator's, under this lock
+        old.unlink(missing_ok=True)
+    if any(Path(f"{db}{s}").exists() for s in _JOURNALS):  # the journal of a database gone
+        log.warning("%s-journal/-wal without %s set aside as %s", db, db, _set_aside(db))
+    tmp = db.with_name(f"{db.name}.new-{uuid.uuid4().hex[:8]}")
     try:
-        with exclusive_lock(Path(f"{path}.lock"), timeout=max(LOCK_SECONDS, RETRY_SECONDS)):
-            yield
-    except (OSError, TimeoutError) as e:  # a folder that cannot be made, a lock never released
-        raise _Unreachable(_one_line(e)) from None
+        store = SqlAlchemyStore(f"sqlite:///{tmp}", _artifact_root(db))
+        try:
+            store.create_experiment(experiment, artifact_location=_artifact_root(db),
+                                    tags=[ExperimentTag(EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)])
+        finally:
+            store.engine.dispose()  # no connection may stay open on the file once it is renamed
+        os.rename(tmp, db)
+    finally:
+        for s in ("", *_JOURNALS):
+            Path(f"{tmp}{s}").unlink(missing_ok=True)
+
+
+def _ensure_sqlite(db: Path, uri: str, experiment: str) -> None:
+    """Make `db` a complete store: as it is (no lock), made, or a half-made one without runs set
+    aside and made again (under the store lock). _Fatal for a half-made store that holds runs."""
+    if _inspect(db)[0] == "complete":
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    # The slow imports (~1 s, a minute on a loaded machine) before the lock, not while holding it.
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # noqa: F401
+    _schema()
+    with _store_lock(uri):
+        state, runs = _inspect(db)  # another job may have made it while this one waited
+        if state == "complete":
+            return
+        if state != "missing":
+            if runs:
+                raise _Fatal(f"{db} holds {runs} run{'s' * (runs != 1)} but {state}; it is left as it is: "
+                             f"back it up and run `mlflow db upgrade {uri}`, or set tracking.uri to another store")
+            aside = _set_aside(db)
+            log.warning("MLflow store %s was half-made (%s) and held no runs, as a kill during its creation "
+                        "leaves it: set aside as %s, a new store is made", db, state, aside)
+        _create(db, experiment)
 
 
 def _client(uri: str):
-    """An MlflowClient; its construction (or first use, in older MLflow) creates the schema."""
-    path = _local_path(uri)
-    if path is not None and uri.startswith("sqlite:"):
-        path.parent.mkdir(parents=True, exist_ok=True)
+    """An MlflowClient on an existing store (`_ensure_sqlite` made a SQLite one complete)."""
     return _mlflow().MlflowClient(tracking_uri=uri)
+
+
+def _named_experiment(client, uri: str, name: str):
+    """The experiment `name`, created if missing; one that another job created meanwhile is found:
+    SQLite's unique name column refuses the second creation (RESOURCE_ALREADY_EXISTS), and a file
+    store, which checks names without a lock of its own, creates under the store lock."""
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp
+    path, sqlite = _local_path(uri), uri.startswith("sqlite:")
+    with nullcontext() if sqlite or path is None else _store_lock(uri):
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            try:
+                return client.get_experiment(client.create_experiment(
+                    name, artifact_location=_artifact_root(path) if sqlite and path else None,
+                    tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}))
+            except MlflowException as e:
+                if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+                exp = client.get_experiment_by_name(name)
+    if exp is None:
+        raise RuntimeError(f"experiment {name!r} is neither found nor created")  # retried
+    return exp
 
 
 def _experiment_id(client, uri: str, name: str, exp_id: str | None) -> str:
     """The id of the experiment `exp_id` (checked), or of `name`, created if needed."""
-    if exp_id is not None:
-        exp = client.get_experiment(str(exp_id))  # str(): YAML may hand over an int
-    else:
-        exp = client.get_experiment_by_name(name)
-        if exp is None:
-            path = _local_path(uri)
-            # Artifacts beside the database, so results/ holds the whole store.
-            location = (path.parent / "mlartifacts").resolve().as_uri() if uri.startswith("sqlite:") and path else None
-            return client.create_experiment(name, artifact_location=location,
-                                            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+    # str(): YAML may hand over an int
+    exp = client.get_experiment(str(exp_id)) if exp_id is not None else _named_experiment(client, uri, name)
     if exp.lifecycle_stage != "active":
         raise _Fatal(f"experiment {exp.name!r} (id {exp.experiment_id}) is deleted")
     if EXPERIMENT_KIND_TAG not in exp.tags:  # created before the tag, or by hand; a kind chosen in the UI stays
@@ -164,14 +314,15 @@ def _experiment_id(client, uri: str, name: str, exp_id: str | None) -> str:
 
 
 def _open_store(uri: str, experiment: str, exp_id: str | None = None):
-    """(client, experiment id), both under the store lock: the first store access of a process
-    may create or migrate the schema, and two processes must not create the same experiment."""
+    """(client, experiment id); a SQLite store is made or repaired first (`_ensure_sqlite`)."""
     if uri.startswith(("http://", "https://")):
         for k, v in _HTTP_DEFAULTS.items():
             os.environ.setdefault(k, v)
-    with _store_lock(uri):
-        client = _retry(lambda: _client(uri))
-        return client, _retry(lambda: _experiment_id(client, uri, experiment, exp_id))
+    path = _local_path(uri)
+    if path is not None and uri.startswith("sqlite:"):
+        _retry(lambda: _ensure_sqlite(path, uri, experiment))
+    client = _retry(lambda: _client(uri))
+    return client, _retry(lambda: _experiment_id(client, uri, experiment, exp_id))
 
 
 def init_store(uri: str, experiment: str) -> str:
@@ -198,6 +349,10 @@ def _number(v: Any) -> float | None:
     return None if math.isnan(x) else x
 
 
+def _is_key(key: Any) -> bool:
+    return isinstance(key, str) and len(key) == 32 and all(c in "0123456789abcdef" for c in key)
+
+
 def _run_key(run_dir: Path) -> dict:
     """The directory's mlflow.json ({"run_key", "run_ids"}), created atomically the first time."""
     path = run_dir / STATE_FILE
@@ -208,8 +363,7 @@ def _run_key(run_dir: Path) -> dict:
     except (OSError, UnicodeDecodeError, ValueError) as e:
         log.warning("%s is unreadable (%s): a new MLflow run starts for %s", path, _one_line(e), run_dir)
         state = None
-    key = state.get("run_key") if isinstance(state, dict) else None
-    if not (isinstance(key, str) and len(key) == 32 and all(c in "0123456789abcdef" for c in key)):
+    if not (isinstance(state, dict) and _is_key(state.get("run_key"))):
         state = {"run_key": uuid.uuid4().hex, "run_ids": {}}
         atomic_write_json(path, state)
     if not isinstance(state.get("run_ids"), dict):
@@ -448,8 +602,11 @@ def log_to_run(run_dir: Path, uri: str, metrics: dict[str, float], tags: dict[st
         return found[0] if found else None
 
     try:
-        with _store_lock(uri):  # a first connection may migrate the schema
-            client = _retry(lambda: _client(uri))
+        if path is not None and uri.startswith("sqlite:"):
+            state = _retry(lambda: _inspect(path)[0])
+            if state != "complete":  # MLflow would migrate it in place: leave that to a training job
+                return "unreachable", f"MLflow store {uri}: {state}"
+        client = _retry(lambda: _client(uri))
         run = _retry(find)
         if run is None:
             return "no run", f"the MLflow store {uri} holds no run of {run_dir}"
@@ -492,42 +649,117 @@ def _run_dirs(paths: list[Path]) -> list[Path]:
             raise UsageError(f"{path} does not exist")
         if not path.is_dir():
             raise UsageError(f"{path} is not a directory (give a run directory or a folder of runs)")
-        dirs = sorted(s.parent for s in path.rglob("summary.json")
-                      if s.is_file() and not any(p.startswith(".") for p in s.relative_to(path).parts[:-1]))
-        if not dirs:
+        summaries = sorted(s for s in path.rglob("summary.json")
+                           if not any(p.startswith(".") for p in s.relative_to(path).parts[:-1]))
+        for s in summaries:
+            if not s.is_file():
+                raise UsageError(f"{s} is not a file: {s.parent} is not a finished run directory")
+        if not summaries:
             raise UsageError(f"{path} holds no run (no summary.json under it)")
-        for d in dirs:
-            found.setdefault(d.resolve(), d)
+        for s in summaries:
+            found.setdefault(s.parent.resolve(), s.parent)
     return list(found.values())
 
 
-def _load_run(run_dir: Path):
-    """(config, summary, metrics) of a finished run directory; UsageError naming a bad file."""
-    import pandas as pd
+# A round in metrics.csv past this is damage, not a long run (MLflow steps are 64-bit integers).
+_MAX_ROUND = 10**12
+_DAMAGED = "the run did not finish or the file is damaged"
 
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _load_metrics(path: Path):
+    """A run's metrics.csv, checked: a row per round (whole numbers, each once), numbers (or
+    nothing) in every other column, column names MLflow takes. UsageError naming what is wrong."""
+    import csv
+    import io
+
+    import pandas as pd
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH, _validate_metric_name
+
+    try:
+        text = path.read_text()
+        metrics = pd.read_csv(io.StringIO(text))
+    except FileNotFoundError:
+        raise UsageError(f"{path} does not exist, though its run has a summary.json; {_DAMAGED}") from None
+    except (OSError, ValueError) as e:  # pandas' EmptyDataError and ParserError, bad UTF-8: ValueErrors
+        raise UsageError(f"{path} is not a readable CSV ({_one_line(e)}); {_DAMAGED}") from None
+    header = next(csv.reader(io.StringIO(text)))
+    if not isinstance(metrics.index, pd.RangeIndex):  # pandas took the fields past the header as an index
+        raise UsageError(f"{path}: a row has more fields than the header; {_DAMAGED}")
+    if "round" not in header:
+        raise UsageError(f"{path} has no 'round' column; {_DAMAGED}")
+    if len(set(header)) != len(header) or "" in header:
+        name = next(h for h in header if h == "" or header.count(h) > 1)
+        raise UsageError(f"{path}: the header has {'an empty' if name == '' else repr(name) + ' as a'} "
+                         f"column name {'' if name == '' else 'twice'}; {_DAMAGED}")
+    if metrics.empty:
+        raise UsageError(f"{path} holds no round; {_DAMAGED}")
+    rounds = metrics["round"]
+    if not (pd.api.types.is_integer_dtype(rounds) and rounds.between(0, _MAX_ROUND).all()):
+        raise UsageError(f"{path}: the round column holds something other than whole numbers from 0 to "
+                         f"{_MAX_ROUND:.0e}; {_DAMAGED}")
+    if rounds.duplicated().any():
+        raise UsageError(f"{path} holds round {rounds[rounds.duplicated()].iloc[0]} twice; {_DAMAGED}")
+    for name in header:
+        column = metrics[name]
+        if column.notna().any() and not (pd.api.types.is_numeric_dtype(column)
+                                         and not pd.api.types.is_bool_dtype(column)):
+            raise UsageError(f"{path}: column {name!r} holds something other than numbers; {_DAMAGED}")
+        try:
+            _validate_metric_name(name)
+            if len(name) > MAX_ENTITY_KEY_LENGTH:
+                raise MlflowException(f"longer than {MAX_ENTITY_KEY_LENGTH} characters")
+        except MlflowException as e:
+            raise UsageError(f"{path}: column {name[:60]!r} is no MLflow metric name ({_one_line(e)})") from None
+    return metrics
+
+
+def _load_run(run_dir: Path):
+    """(config, summary, metrics, run key or None) of a finished run directory; UsageError naming
+    a bad file."""
     from .config import load_config
 
     summary_path, metrics_path, config_path = (run_dir / n for n in RUN_FILES[:3])
     try:
         summary = json.loads(summary_path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise UsageError(f"{summary_path} is not readable JSON ({_one_line(e)})") from None
+        raise UsageError(f"{summary_path} is not readable JSON ({_one_line(e)}); {_DAMAGED}") from None
     if not isinstance(summary, dict):
-        raise UsageError(f"{summary_path} must hold a JSON object")
+        raise UsageError(f"{summary_path} must hold a JSON object; {_DAMAGED}")
+    bad = next((k for k in FINAL_KEYS if summary.get(k) is not None and not _is_number(summary[k])), None)
+    if bad:
+        raise UsageError(f"{summary_path}: {bad} is {json.dumps(summary[bad])[:60]}, not a number; {_DAMAGED}")
     if not config_path.is_file():
-        raise UsageError(f"{config_path} is missing: {run_dir} is not a complete run directory")
+        raise UsageError(f"{config_path} {'is not a file' if config_path.exists() else 'is missing'}: "
+                         f"{run_dir} is not a complete run directory")
+    try:
+        empty = not config_path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{config_path} is unreadable ({_one_line(e)}); {_DAMAGED}") from None
+    if empty:  # load_config would run on the defaults: params that were never trained
+        raise UsageError(f"{config_path} is empty; {_DAMAGED}")
     try:
         cfg = load_config(config_path)
     except UsageError as e:
         raise UsageError(str(e) if str(config_path) in str(e) else f"{config_path}: {e}") from None
+    metrics = _load_metrics(metrics_path)
+    state_path = run_dir / STATE_FILE
+    if not (state_path.exists() or state_path.is_symlink()):
+        return cfg, summary, metrics, None
     try:
-        metrics = pd.read_csv(metrics_path)
-    except (OSError, ValueError) as e:  # pandas' EmptyDataError and ParserError are ValueErrors
-        raise UsageError(f"{metrics_path} is not a readable CSV ({_one_line(e)})") from None
-    rounds = pd.to_numeric(metrics["round"], errors="coerce") if "round" in metrics.columns else None
-    if rounds is None or rounds.isna().any() or (rounds % 1 != 0).any():
-        raise UsageError(f"{metrics_path} needs a 'round' column of whole numbers")
-    return cfg, summary, metrics
+        state = json.loads(state_path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        state = _one_line(e)
+    key = state.get("run_key") if isinstance(state, dict) else None
+    if not _is_key(key):  # importing it as a new run could duplicate the one it names
+        why = f"is not readable JSON ({state})" if isinstance(state, str) else \
+            'holds no run key ({"run_key": 32 hex digits})'
+        raise UsageError(f"{state_path} {why}: delete it to import {run_dir} as a new MLflow run")
+    return cfg, summary, metrics, key
 
 
 def import_runs(paths: list[Path], uri: str, experiment: str) -> list[tuple[Path, str]]:
@@ -538,8 +770,13 @@ def import_runs(paths: list[Path], uri: str, experiment: str) -> list[tuple[Path
     written; UsageError for a missing path, a path without runs, an unreadable run file or an
     unreachable store."""
     runs = [(d, *_load_run(d)) for d in _run_dirs(paths)]
+    keys: dict[str, Path] = {}
+    for run_dir, *_, key in runs:
+        if key is not None and keys.setdefault(key, run_dir) != run_dir:
+            raise UsageError(f"{keys[key]} and {run_dir} hold the same run key in {STATE_FILE} (one is a copy "
+                             f"of the other): delete the copy's {STATE_FILE} to import it as a run of its own")
     results = []
-    for run_dir, cfg, summary, metrics in runs:
+    for run_dir, cfg, summary, metrics, _ in runs:
         # params from the config as trained, so they match what the training job logged
         params, tags, run_name = run_identity(cfg, run_dir)
         target = cfg.tracking.model_copy(update={"enabled": True, "uri": uri, "experiment": experiment,

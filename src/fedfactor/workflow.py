@@ -1,14 +1,16 @@
-"""Helpers the Snakefile imports: which scenarios and methods a study runs, with which overrides, and
-the nested overrides turned into CLI arguments."""
+"""Helpers the Snakefile imports: which scenarios and methods a study runs, with which overrides, the
+nested overrides turned into CLI arguments, and the study's checks while the DAG is built."""
 
 from __future__ import annotations
 
 import json
 import re
+import sys
+import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, NoReturn, Sequence
 
-from .config import load_config, read_mapping
+from .config import load_config, load_yaml, read_mapping
 from .data.datasets import SYNTHETIC_PREFIX
 from .errors import UsageError
 
@@ -44,6 +46,10 @@ def method_sets(entry: dict[str, Any], label: str) -> list[str]:
     return run_sets({**run, "method": entry, "label": label})
 
 
+# What `build_partition` reads of `data` (and fl.clients, and the partition section but its file).
+PARTITION_DATA_KEYS = ("name", "root", "split", "split_mode")
+
+
 def partition_sets(run_config: str, overrides: dict[str, Any], data_root: str) -> list[str]:
     """A scenario's partition as `--set`s for `fedfactor partition`, without its run config: only
     what `build_partition` reads (the dataset and where it lies, its split, the number of clients, the
@@ -51,7 +57,7 @@ def partition_sets(run_config: str, overrides: dict[str, Any], data_root: str) -
     method, in the study or in its run config, keeps the partitions."""
     cfg = load_config(run_config, run_sets(overrides, data={"root": data_root}))
     return run_sets({
-        "data": {key: getattr(cfg.data, key) for key in ("name", "root", "split", "split_mode")},
+        "data": {key: getattr(cfg.data, key) for key in PARTITION_DATA_KEYS},
         "fl": {"clients": cfg.fl.clients},
         "partition": cfg.partition.spec(),
     })
@@ -113,7 +119,10 @@ def scenario_overrides(config: dict[str, Any], scenario: str) -> dict[str, Any]:
     the dataset swapped for its synthetic stand-in (same shape and classes)."""
     merged = deep_merge(config["scenarios"][scenario], config.get("overrides") or {})
     if config.get("smoke"):
-        name = dataset_name(config["run_config"], merged)
+        try:
+            name = dataset_name(config["run_config"], merged)
+        except UsageError as e:
+            raise UsageError(f"scenario {scenario!r}: {e}") from None
         if not name.startswith(SYNTHETIC_PREFIX):
             merged = deep_merge(merged, {"data": {"name": SYNTHETIC_PREFIX + name}})
     return merged
@@ -140,3 +149,132 @@ def study_spec(config: dict[str, Any], scenarios: list[str], methods: dict[str, 
         "claims": config.get("claims") or [],
         "text_variants": config.get("text_variants") or {},
     }
+
+
+# ------------------------------------------------------------------------ checks at DAG build
+
+def stop(problem: object) -> NoReturn:
+    """A bad study ends the DAG build as one line on stderr and exit status 1, before any job runs:
+    an exception raised in the Snakefile would come framed in Snakemake's file names and lines."""
+    print(problem, file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def check_config_files(paths: Sequence[str | Path]) -> None:
+    """The config files of a DAG build (the command line's --configfile files, or without them the
+    default study), each read as strictly as a run config (fedfactor.config.load_yaml) before the
+    schema check: Snakemake's own reader keeps the last of two equal keys silently, and the schema's
+    error message would print a YAML alias bomb whole, for ever. The first file must be a study
+    (hold `study:`), the others only override it: a file without `study:` given alone would
+    otherwise be merged into the default study (its scenarios beside the default's), and a second
+    study into the first."""
+    docs = []
+    for path in paths:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"{path}: cannot be read ({e})") from None
+        docs.append((path, load_yaml(text, str(path))))
+    if not docs:
+        return
+    first, doc = docs[0]
+    # Snakemake has refused a document that is not a mapping
+    if "study" not in doc:
+        raise UsageError(f"{first}: holds no `study:`, so it is no study file. Give a study first and this file "
+                         f"after it to override the study's keys, e.g. --configfile config/config.yaml {first}")
+    for path, doc in docs[1:]:
+        if "study" in doc:
+            raise UsageError(f"{path}: a second study (study: {doc['study']!r}) after {first}; give one study file, "
+                             "then files that override its keys")
+
+
+def check_required_keys(config: dict[str, Any]) -> None:
+    """What a study must name (the schema can say so only in one unreadable line)."""
+    if "simulation" in config:
+        return
+    missing = [key for key in ("run_config", "seeds", "scenarios", "methods") if key not in config]
+    if missing:
+        raise UsageError(f"study {config.get('study')!r} lacks {', '.join(missing)}: a study names run_config, seeds, "
+                         "scenarios and methods (or `simulation:`)")
+
+
+def schema_problem(err: Exception) -> str:
+    """Snakemake's schema error (jsonschema's error with the schema printed whole) as one line:
+    where, and what is wrong."""
+    import jsonschema
+
+    cause = err.__context__
+    if not isinstance(cause, jsonschema.ValidationError):
+        return textwrap.shorten(str(err), 300)
+    where = ".".join(map(str, cause.absolute_path))
+    if cause.validator == "additionalProperties":
+        known = list(cause.schema.get("properties", {}))
+        unknown = [key for key in cause.instance if key not in known]
+        what = f"unknown key {unknown[0]!r}; valid keys: {', '.join(known)}"
+    else:
+        what = textwrap.shorten(cause.message, 300)  # it repeats the value, which may be long
+    return f"{where}: {what}" if where else what
+
+
+# Keys the workflow sets for every run after the study's: given in a scenario, in `overrides` or in
+# a method's `run`, they would be lost without a word (or, in `run`, point a run at another
+# experiment's store or at a partition its scenario did not make).
+SET_BY_WORKFLOW = {
+    "seed": "the study's `seeds`",
+    "scenario": "the scenario's name",
+    "label": "the method's label under `methods`",
+    "method": "the study's `methods`",
+    "partition.file": "the scenario's partition job",
+    "tracking.uri": "the study's `mlflow: {uri: ...}`",
+    "tracking.experiment_id": "the study's `mlflow: {experiment: ...}`",
+}
+
+
+def check_overrides(config: dict[str, Any]) -> None:
+    """No scenario, `overrides` or method `run` sets a key the workflow sets for each run, and no
+    method's `run` changes what its scenario's partition is built from (the partition job, shared by
+    the scenario's methods, would be used unchanged)."""
+    places = [("overrides", config.get("overrides") or {})]
+    places += [(f"scenarios.{name}", s) for name, s in config["scenarios"].items()]
+    runs = [(f"methods.{name}.run", m.get("run") or {}) for name, m in config["methods"].items()]
+    for where, overrides in places + runs:
+        for dotted, owner in SET_BY_WORKFLOW.items():
+            section, _, key = dotted.partition(".")
+            value = overrides.get(section)
+            if (isinstance(value, dict) and key in value) if key else section in overrides:
+                raise UsageError(f"{where}.{dotted}: the workflow sets it for every run ({owner}); remove it")
+    for where, run in runs:
+        changed = [f"{section}.{key}" for section, keys in (("data", PARTITION_DATA_KEYS), ("fl", ("clients",)))
+                   if isinstance(run.get(section), dict) for key in run[section] if key in keys]
+        if "partition" in run or changed:
+            raise UsageError(f"{where}.{'partition' if 'partition' in run else changed[0]}: the scenario's partition "
+                             "depends on it, and all methods of a scenario share one; make it a scenario of its own")
+
+
+def check_runs(run_config: str, runs: Iterable[tuple[str, list[str]]]) -> None:
+    """Every run's config loaded as its train job will load it (`load_config(run_config, sets)` with
+    the `--set`s of its command, in their order: the method's hyperparameters typed and checked by
+    the method), then what it names that the job would find wrong before training, without data:
+    its dataset, its partition (kind, class groups) against the dataset's classes and its clients,
+    its model's name. The first problem ends the check as a UsageError naming the run. Runs are
+    (name, sets), e.g. ("scenario 'a', method 'fedavg'", [...]); each dataset and partition is
+    checked once."""
+    from .data import dataset_info, task_label_maps
+    from .models import MODELS
+
+    datasets: dict[tuple[str, str], Any] = {}
+    partitions: set[str] = set()
+    for name, sets in runs:
+        try:
+            cfg = load_config(run_config, sets)
+            where = (cfg.data.name, cfg.data.root)
+            if where not in datasets:
+                datasets[where] = dataset_info(*where)
+            info = datasets[where]
+            partition = (cfg.partition.spec(), info.num_classes, cfg.fl.clients)
+            if json.dumps(partition) not in partitions:
+                task_label_maps(*partition)
+                partitions.add(json.dumps(partition))
+            MODELS.get(cfg.model.name)
+        except UsageError as e:
+            raise UsageError(f"{name}: {e}") from None

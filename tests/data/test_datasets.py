@@ -7,9 +7,11 @@ and readers run unchanged, with no network.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import http.server
+import io
 import pickle
 import socket
 import struct
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torchvision import datasets as tvd
 
+from fedfactor.cli import main
 from fedfactor.data import DATASETS, augment_batch, dataset_info, load_dataset, make_splits, prepare_dataset
 from fedfactor.data.augment import default_pad
 from fedfactor.errors import UsageError
@@ -408,6 +411,23 @@ def test_bad_npz_files_are_usage_errors(tmp_path, arrays, match):
     assert_one_line(err)
 
 
+@pytest.mark.parametrize("key", ["x", "x_test"])
+def test_npz_values_beyond_float32_are_refused_not_trained_on(tmp_path, key):
+    # x1e300 is finite in float64, but not in the float32 the model computes in: it trained on all-zero inputs
+    rng = np.random.default_rng(0)
+    arrays = {"x": rng.uniform(0, 16, size=(6, 4, 4)), "y": np.arange(6) % 2,
+              "x_test": rng.uniform(0, 16, size=(2, 4, 4)), "y_test": np.array([0, 1])}
+    path = tmp_path / "scaled.npz"
+    np.savez(path, **{**arrays, key: arrays[key] * 1e300})
+    beyond = f"{key} holds values as large as .*e\\+301, beyond float32's 3.4e\\+38"
+    with pytest.raises(UsageError, match=beyond) as err:
+        load_dataset(f"npz:{path}")
+    assert assert_one_line(err).startswith(f"{path}: ")
+    np.savez(path, **{**arrays, key: arrays[key] * 1e37})  # large, but a float32 holds it
+    x = load_dataset(f"npz:{path}").x
+    assert torch.isfinite(x).all() and x.std() > 0.5
+
+
 def test_npz_classes_count_labels_of_both_parts_and_refuse_gaps(tmp_path):
     x = np.zeros((4, 2, 2), np.float32)
     path = tmp_path / "gap.npz"
@@ -728,6 +748,91 @@ def test_unreachable_download_is_a_one_line_usage_error(tmp_path, monkeypatch, n
     with pytest.raises(UsageError, match=f"could not download {name}") as err:
         prepare_dataset(name, tmp_path / "root")
     assert "place the files" in assert_one_line(err)
+
+
+# ---------------------------------------------------------------------------------------------
+# prepare-data on a damaged archive in the data root (no network: downloads go to a closed port)
+
+
+def place_archive(name: str, root: Path, build: Path, monkeypatch: pytest.MonkeyPatch):
+    """A good copy of what `name` downloads, in `root` where torchvision looks for it, and a function
+    that patches the md5 torchvision expects of it."""
+    nowhere = closed_port_url()
+    if name in ("cifar10", "cifar100"):
+        cls = tvd.CIFAR10 if name == "cifar10" else tvd.CIFAR100
+        patch_cifar(monkeypatch, cls, write_cifar(build, cls))
+        archive = root / cls.filename
+        root.mkdir()
+        with tarfile.open(archive, "w:gz") as tar:
+            tar.add(build / cls.base_folder, arcname=cls.base_folder)
+        monkeypatch.setattr(cls, "url", f"{nowhere}/{cls.filename}")
+        return archive, lambda m: monkeypatch.setattr(cls, "tgz_md5", m)
+    if name == "mnist":
+        resources = write_mnist(root / "MNIST" / "raw", gz_only=True)["resources"]
+        monkeypatch.setattr(tvd.MNIST, "resources", resources)
+        monkeypatch.setattr(tvd.MNIST, "mirrors", [nowhere + "/"])
+        return root / "MNIST" / "raw" / resources[0][0], lambda m: resources.__setitem__(0, (resources[0][0], m))
+    if name == "svhn":
+        split_list = {s: [f"{nowhere}/{e[1]}", e[1], e[2]] for s, e in write_svhn(root)["split_list"].items()}
+        monkeypatch.setattr(tvd.SVHN, "split_list", split_list)
+        return root / split_list["train"][1], lambda m: split_list["train"].__setitem__(2, m)
+    _, archive = write_tiny_imagenet_zip(build)
+    root.mkdir()
+    monkeypatch.setattr(TINY, "URL", f"{nowhere}/{TINY.ARCHIVE}")
+    return archive.rename(root / TINY.ARCHIVE), lambda m: monkeypatch.setattr(TINY, "MD5", m)
+
+
+def another_format(path: Path) -> bytes:
+    if path.suffix == ".zip":
+        return gzip.compress(b"a gzip file by the zip's name")
+    with zipfile.ZipFile(buffer := io.BytesIO(), "w") as zf:
+        zf.writestr("a.txt", f"a zip file by the name {path.name}")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("name", ["cifar10", "cifar100", "mnist", "svhn", "tinyimagenet"])
+@pytest.mark.parametrize("damage", ["truncated", "another format", "failing its checksum"])
+def test_prepare_data_names_a_damaged_archive_and_leaves_nothing_half_written(tmp_path, monkeypatch, capsys, name,
+                                                                            damage):
+    root, out = tmp_path / "root", tmp_path / "stats.json"
+    archive, expect_md5 = place_archive(name, root, tmp_path / "build", monkeypatch)
+    good = archive.read_bytes()
+    archive.write_bytes(another_format(archive) if damage == "another format" else good[: len(good) // 2])
+    if damage != "failing its checksum":
+        expect_md5(md5(archive))  # torchvision takes it for the real one and extracts (or reads) it
+    before = sorted(root.rglob("*"))
+    assert main(["prepare-data", "--dataset", name, "--root", str(root), "--out", str(out)]) == 2
+    message = capsys.readouterr().err
+    assert message.startswith("fedfactor: error:") and message.count("\n") == 1, message
+    assert str(archive) in message and "delete it and run `fedfactor prepare-data" in message
+    if damage == "failing its checksum":
+        assert "failed its checksum" in message and "could not be downloaded" in message
+    elif name == "svhn":  # downloaded as is: torchvision reads it where it lies
+        assert f"cannot read {archive} as SVHN's MATLAB file" in message
+    else:
+        assert f"cannot extract {archive}" in message
+    assert sorted(root.rglob("*")) == before and not out.exists()
+
+
+@pytest.mark.parametrize("stop", [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()])
+def test_an_extraction_cut_short_leaves_no_half_extracted_folder(tmp_path, monkeypatch, stop):
+    # a disk that fills up or a Ctrl-C during the extraction: the half-extracted folder would otherwise
+    # be blamed next time instead of the cause (or, for Tiny-ImageNet, pass for the dataset)
+    root = tmp_path / "root"
+    archive, expect_md5 = place_archive("cifar10", root, tmp_path / "build", monkeypatch)
+    expect_md5(md5(archive))
+    extract = tarfile.TarFile.extractall
+
+    def cut_short(self, *args, **kwargs):
+        extract(self, *args, **kwargs)
+        raise stop
+
+    monkeypatch.setattr(tarfile.TarFile, "extractall", cut_short)
+    with pytest.raises(type(stop) if isinstance(stop, KeyboardInterrupt) else UsageError) as err:
+        prepare_dataset("cifar10", root)
+    assert list(root.iterdir()) == [archive]
+    if isinstance(stop, OSError):
+        assert "No space left on device" in assert_one_line(err)
 
 
 # ---------------------------------------------------------------------------------------------

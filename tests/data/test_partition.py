@@ -775,6 +775,12 @@ BROKEN = [  # (change, what the message must say); c10 has N = 6000 samples, 3 i
     (_label_map(2, 4, 5), "client 2's label map sends more than one class to target 5"),
     (lambda p, y: setattr(p, "num_classes", 11), "num_classes is 11 but the largest client task"),
     (_outside_task, r"client 1's train split holds \d+ samples outside its task"),
+    # a train list repeated three times weighs those samples three times (accuracy 0.55 -> 0.67 once)
+    (lambda p, y: p.clients[1].update(train=np.tile(p.clients[1]["train"], 3)),
+     r"client 1's train split holds the index \d+ 3 times; an index may appear once per split"),
+    (lambda p, y: p.clients[0].update(test=np.append(p.clients[0]["test"], p.clients[0]["test"][0])),
+     r"client 0's test split holds the index \d+ 2 times"),
+    (lambda p, y: p.pools.update(val=np.append(p.pools["val"], p.pools["val"][:2])), "pooled val split holds the index"),
 ]
 
 

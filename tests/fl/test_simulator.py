@@ -293,3 +293,16 @@ def test_a_run_records_its_extra_losses_and_checkpoints_them_weights_only(tiny):
     assert [r.metrics() for r in loaded] == [r.metrics() for r in records]
     with pytest.raises(ValueError, match="train_"):  # a diagnostic may not take an extra loss's column
         sim.ctx.log("train_proximal", 1.0)
+
+
+def test_clients_whose_models_cannot_fit_in_memory_are_refused_before_training(monkeypatch):
+    import fedfactor.fl.simulator as simulator
+
+    cfg = load_config(None, ["data.name=digits", "fl.clients=4", "model.name=mlp", "tracking.enabled=false"])
+    model_bytes = (64 * 200 + 200 + 200 * 10 + 10) * 4
+    monkeypatch.setattr(simulator, "memory_bytes", lambda device: 4 * model_bytes - 1)
+    with pytest.raises(UsageError, match=r"fl.clients=4 clients x a 0.1 MiB model = 0.0 GiB of client states"):
+        Simulator(cfg)
+    monkeypatch.setattr(simulator, "memory_bytes", lambda device: 4 * model_bytes)
+    Simulator(cfg)
+

@@ -142,3 +142,11 @@ def test_pack_sparse_of_a_non_contiguous_tensor():
     assert not tt.is_contiguous()
     bits, values = pack_sparse(tt)
     assert torch.equal(unpack_sparse(bits, values, tt.shape), tt)
+
+
+def test_a_dry_run_sums_shapes_not_values():
+    total = WeightedSum()
+    for _ in range(3):
+        total.add({"w": torch.empty(2, 3, device="meta")}, 1.0)
+    mean = total.mean()["w"]
+    assert mean.is_meta and mean.shape == (2, 3) and mean.dtype == torch.float32

@@ -1,8 +1,11 @@
 """`fedfactor diagnose`: factor analysis of run folders' client weights, FedFac's split history,
 the files it writes, the runs it skips, and the numbers it adds to each run's MLflow run."""
 
+import io
 import json
 import logging
+import math
+import zipfile
 
 import numpy as np
 import pandas as pd
@@ -11,7 +14,7 @@ import pytest
 from fedfactor import tracking
 from fedfactor.cli import main
 from fedfactor.errors import UsageError
-from fedfactor.report.diagnose import analyse_weights, diagnose, stability, unit_order
+from fedfactor.report.diagnose import analyse_run, analyse_weights, diagnose, read_runs, stability, unit_order
 
 LAYER, MODULE = 3, "body.7"
 
@@ -242,3 +245,91 @@ def test_numbers_and_figures_land_on_the_runs_own_mlflow_run(tmp_path, monkeypat
     assert [o for o, _ in done["mlflow"].values()] == ["unreachable", "unreachable"]
     assert sum("unreachable" in r.getMessage() for r in caplog.records) == 1  # tried once, not for every run
     assert (tmp_path / "out4" / "diagnostics.md").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# A damaged client_weights.npz: an error row naming the file, as NaN weights get, never a traceback
+# and never an unpickled object; the other runs are analysed as usual.
+
+
+class _Payload:
+    def __reduce__(self):  # unpickling it would run print
+        return (print, ("unpickled!",))
+
+
+def _npz(**arrays):
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def _crc_failure():
+    data = bytearray(_npz(**{f"{MODULE}.weight": planted(0)}))
+    npy = data.find(b"\x93NUMPY")
+    data[npy + 10 + int.from_bytes(data[npy + 8:npy + 10], "little") + 8] ^= 0xFF  # a byte of the array itself
+    return bytes(data)
+
+
+def _npy(array):
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+def _member(content):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr(f"{MODULE}.weight.npy", content)
+    return buf.getvalue()
+
+
+W = f"{MODULE}.weight"
+DAMAGED_WEIGHTS = {  # what client_weights.npz holds, what the error says; True: it names the file
+    "a pickled object array": (_npz(**{W: np.array([_Payload()] * 6, dtype=object)}), "Object arrays cannot", True),
+    "half a zip": (_npz(**{W: planted(0)})[:2000], "is not an .npz archive", True),
+    "no zip at all": (b"hello", "is not an .npz archive", True),
+    "nothing": (b"", "is not an .npz archive", True),
+    "one .npy array": (_npy(planted(0)), "is not an .npz archive", True),
+    "a folder": ("DIR", "is not an .npz archive", True),
+    "a member failing its CRC": (_crc_failure(), "Bad CRC-32", True),
+    "a truncated member": (_member(_npy(planted(0))[:200]), f"cannot read '{W}'", True),
+    "a member that is no .npy array": (_member(b"hello"), f"'{W}' in {{bad}} is not an .npy array", True),
+    "an entry summary.json does not name": (_npz(**{"other.weight": planted(0)}),
+                                             f"has no entry '{W}' for layer {LAYER} of summary.json's", True),
+    "text": (_npz(**{W: np.full((6, 12), "a")}), "are not floating-point numbers", False),
+    "a structured array": (_npz(**{W: np.zeros((6, 12), dtype=[("a", "f4")])}), "not floating-point", False),
+    "integers": (_npz(**{W: planted(0).astype(np.int64)}), "not floating-point", False),
+    "a vector": (_npz(**{W: np.ones(6, np.float32)}), "are not K clients x d units", False),
+    "no units": (_npz(**{W: np.ones((6, 0, 4), np.float32)}), "are not K clients x d units", False),
+    "values beyond float32": (_npz(**{W: planted(0).astype(np.float64) * 1e300}), "beyond float32's range", False),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGED_WEIGHTS))
+def test_a_damaged_weights_file_is_an_error_row_naming_it(tmp_path, damage, capsys):
+    content, what, names_file = DAMAGED_WEIGHTS[damage]
+    bad = make_run(tmp_path / "bad", weights=planted(1)) / "client_weights.npz"
+    if content == "DIR":
+        bad.unlink()
+        bad.mkdir()
+    else:
+        bad.write_bytes(content)
+    (info,) = read_runs([tmp_path / "bad"])
+    (result,) = analyse_run(info, kappa=0.45, method="principal")
+    error = result.row["error"]
+    assert result.nu is None and math.isnan(result.row["G"]) and what.format(bad=bad) in error
+    assert (str(bad) in error) == names_file
+    assert "unpickled!" not in capsys.readouterr().out
+
+
+def test_the_other_runs_are_analysed_and_the_command_counts_the_errors(tmp_path, capsys):
+    make_run(tmp_path / "runs" / "good", weights=planted(0))
+    (make_run(tmp_path / "runs" / "bad", seed=1) / "client_weights.npz").write_bytes(
+        _npz(**{W: np.array([_Payload()] * 6, dtype=object)}))
+    out = tmp_path / "out"
+    assert main(["-q", "diagnose", str(tmp_path / "runs"), "--out", str(out), "--kappa", "0.45", "--no-mlflow"]) == 0
+    printed = capsys.readouterr().out
+    assert "2 runs analysed (2 layers, 1 with errors)" in printed and "unpickled!" not in printed
+    rows = pd.read_csv(out / "diagnostics.csv", keep_default_na=False, na_values=[""]).set_index("seed")
+    assert rows.loc[0, "G"] == 2 and "Object arrays cannot be loaded" in rows.loc[1, "error"]
+    assert f"{tmp_path / 'runs' / 'bad'}: cannot read '{W}'" in (out / "diagnostics.md").read_text()

@@ -80,6 +80,9 @@ BAD_METRICS = [  # (content of metrics.csv or None for no file, what the message
     ("round,accuracy_mean\n1,0.1\nx,0.2\n", "the round column holds something other than whole numbers"),
     ("round,accuracy_mean\n1,0.1\n2,inf\n", "accuracy_mean holds values outside 0..1"),
     ("round,accuracy_mean\n1,0.1\n2,37.5\n", "accuracy_mean holds values outside 0..1"),
+    ("round,accuracy_mean\n0,0.1\n-1,0.2\n", "the round column holds something other than whole numbers >= 1"),
+    ("round,accuracy_mean\n1,0.1\n1,0.9\n", "holds round 1 twice"),  # would be averaged into one point
+    ("round,accuracy_mean\n1,True\n2,False\n", "accuracy_mean holds something other than numbers"),
 ]
 
 

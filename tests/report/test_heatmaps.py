@@ -140,7 +140,7 @@ BAD_FILES = [  # (name, content of its round 3 file, what the message says)
     ("similarity_u", _npy(np.zeros((K, K + 1))), r"shape \(4, 5\), not a square clients x clients matrix"),
     ("similarity_u", _npy(np.zeros(K)), r"shape \(4,\), not a square"),
     ("similarity_u", _npy(np.zeros((0, 0))), r"shape \(0, 0\), not a square"),
-    ("similarity_v", _npy(np.array([["a"] * K] * K)), "holds <U1 values, not numbers"),
+    ("similarity_v", _npy(np.array([["a"] * K] * K)), "holds <U1 values, not real numbers"),
     ("similarity_u", _npy(np.eye(K + 1)), r"disagree on the number of clients \(4, 5\)"),
     ("matching_counts", _npy(np.eye(K + 1, dtype=int)), r"disagree on the number of clients \(4, 5\)"),
     ("matching_counts", _npy(np.full((K, K), 0.5)), "holds something other than counts"),

@@ -1,47 +1,72 @@
 # A study's scenarios, methods and seeds, what its jobs are told, and what `all` builds. Not included
 # for a simulation study (`simulation:` in its config).
-# A scale or override file given after the study writes to a folder of its own (study_folder).
-STUDY_DIR = f"{RESULTS}/{study_folder(config, workflow.configfiles)}"
 RUN_CONFIG = config["run_config"]
 # One SQLite store per results folder unless the study names another (an `mlflow server` on a cluster).
 MLFLOW_URI = config["mlflow"].get("uri") or f"sqlite:///{RESULTS}/mlflow.db"
 MLFLOW_EXPERIMENT = config["mlflow"].get("experiment", f"fedfactor-{config['study']}")
 SEEDS = [int(s) for s in config["seeds"]]
-try:
-    SCENARIOS = selected(config, "scenarios")
-    # Methods a study lists before they are implemented (a paper's baselines) are skipped, and the
-    # tables, claims and report name them; they never fail the DAG.
-    LISTED = implemented(config, list(config["methods"]))
-    IMPLEMENTED = {m: LISTED[m] for m in selected(config, "methods")}
-    METHODS = [m for m, ok in IMPLEMENTED.items() if ok]
-    NOT_IMPLEMENTED = [m for m, ok in IMPLEMENTED.items() if not ok]
-    OVERRIDES = {s: scenario_overrides(config, s) for s in SCENARIOS}
-    # Validates every scenario's run config while the DAG is built, and names the files of each dataset.
-    DATASETS = {s: dataset_name(RUN_CONFIG, OVERRIDES[s]) for s in SCENARIOS}
-    # The report steps see every scenario and method the study lists: those `select` left out show
-    # as "not run" in the paper tables and claims.
-    SPEC = study_spec(config, list(config["scenarios"]), LISTED)
-    # a bad paper mapping (down to its CSV rows) or claim fails now, not after training
-    check_spec(SPEC)
-    check_study_sections(config)
-except UsageError as e:
-    raise WorkflowError(f"{', '.join(map(str, workflow.configfiles)) or 'config/config.yaml'}: {e}") from None
-if not METHODS:
-    raise WorkflowError(f"study {config['study']!r}: none of its methods is implemented yet "
-                        f"({', '.join(IMPLEMENTED)})")
-DATASET_NAMES = {slug(name): name for name in DATASETS.values()}
-SMOKE = bool(config["smoke"]) or any(n.startswith("synthetic:") for n in DATASETS.values())
-TITLE = (SMOKE_TITLE if SMOKE else "") + SPEC["title"]
 
 
 def _quoted(sets):
     return " ".join(f"--set {shlex.quote(s)}" for s in sets)
 
 
+def scenario_run_sets(scenario):
+    return run_sets(OVERRIDES[scenario], scenario=scenario, data={"root": config["data_root"]})
+
+
 def scenario_sets(wildcards):
-    return _quoted(run_sets(OVERRIDES[wildcards.scenario], scenario=wildcards.scenario, data={"root": config["data_root"]}))
+    return _quoted(scenario_run_sets(wildcards.scenario))
 
 
+def train_sets(scenario, method, seed):
+    """One run's `--set`s in the order the train rule's command gives them to `fedfactor train-runs`
+    (train.smk), its MLflow experiment id (known once mlflow_init has run) a stand-in."""
+    partition = f"{STUDY_DIR}/partitions/{scenario}/seed{seed}.json"
+    return [*scenario_run_sets(scenario), f"seed={seed}", f"partition.file={partition}", f"tracking.uri={MLFLOW_URI}",
+            "tracking.experiment_id=0", *method_sets(config["methods"][method], method)]
+
+
+def checked_runs():
+    """The runs `check_runs` loads: every scenario x method once (a seed changes nothing else in a
+    run config), and each further seed once."""
+    runs = [(f"scenario {s!r}, method {m!r}", train_sets(s, m, SEEDS[0])) for s in SCENARIOS for m in METHODS]
+    return runs + [(f"seed {seed}", train_sets(SCENARIOS[0], METHODS[0], seed)) for seed in SEEDS[1:]]
+
+
+# Every problem of the study ends the DAG build here, as one line naming the study file, before
+# any job runs.
+try:
+    # A scale or override file given after the study writes to a folder of its own (study_folder).
+    STUDY_DIR = f"{RESULTS}/{study_folder(config, workflow.configfiles)}"
+    check_overrides(config)
+    SCENARIOS = selected(config, "scenarios")
+    # Methods a study lists before they are implemented (a paper's baselines) are skipped, and the
+    # tables, claims and report name them; they never fail the DAG unless no method is left.
+    LISTED = implemented(config, list(config["methods"]))
+    IMPLEMENTED = {m: LISTED[m] for m in selected(config, "methods")}
+    METHODS = [m for m, ok in IMPLEMENTED.items() if ok]
+    NOT_IMPLEMENTED = [m for m, ok in IMPLEMENTED.items() if not ok]
+    if not METHODS:
+        listed = ", ".join(f"{m} ({config['methods'][m]['name']})" for m in IMPLEMENTED)
+        raise UsageError(f"none of the study's methods is implemented yet: {listed}")
+    OVERRIDES = {s: scenario_overrides(config, s) for s in SCENARIOS}
+    # The report steps see every scenario and method the study lists: those `select` left out show
+    # as "not run" in the paper tables and claims.
+    SPEC = study_spec(config, list(config["scenarios"]), LISTED)
+    # a bad paper mapping (down to its CSV rows) or claim fails now, not after training
+    check_spec(SPEC)
+    check_study_sections(config)
+    # A job step (SLURM) parses this file again: the main process has checked the runs.
+    if workflow.is_main_process:
+        check_runs(RUN_CONFIG, checked_runs())
+    # the dataset of each scenario, whose prepare_data job the partitions wait for
+    DATASETS = {s: dataset_name(RUN_CONFIG, OVERRIDES[s]) for s in SCENARIOS}
+except UsageError as e:
+    stop(f"{STUDY_FILES}: {e}")
+DATASET_NAMES = {slug(name): name for name in DATASETS.values()}
+SMOKE = bool(config["smoke"]) or any(n.startswith("synthetic:") for n in DATASETS.values())
+TITLE = (SMOKE_TITLE if SMOKE else "") + SPEC["title"]
 # The methods each training job of a scenario and seed runs, in the study's order (`runs_per_job`).
 PER_JOB = config["runs_per_job"]
 JOB_METHODS = [METHODS[i : i + PER_JOB] for i in range(0, len(METHODS), PER_JOB)]

@@ -50,6 +50,8 @@ rule train:
     # stdout, one line per finished run (its accuracy, time, the study's runs left and ETA), goes to
     # the terminal; each run's log is logs/train/SCENARIO/METHOD/seedN.log, appended to by every
     # attempt (an interrupted one's "checkpoint written" stays above the resumed one's lines).
+    # study.smk's train_sets gives the DAG build's checks the same `--set`s in the same order: change
+    # both together (tests/test_workflow.py compares them).
     shell:
         "OMP_NUM_THREADS={threads} fedfactor train-runs --threads {threads} --config {input.run_config:q} {params.sets}"
         " --set seed={wildcards.seed} --set partition.file={input.partition:q}"

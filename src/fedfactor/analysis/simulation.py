@@ -101,7 +101,8 @@ import numpy as np
 import torch
 from pydantic import BeforeValidator, Field, field_validator
 
-from ..config import Float, Int, Section, apply_overrides, read_mapping, validated
+from ..config import (MAX_CLIENTS, MAX_EPOCHS, MAX_ROUNDS, MAX_SEED, Float, Int, Section, apply_overrides, read_mapping,
+                      validated)
 from ..errors import UsageError
 from .factor import factor_analysis, parse_tau, split, unit_matrix
 
@@ -119,20 +120,20 @@ def _true_as_name(v: Any) -> Any:
 
 
 class SimDataConfig(Section):
-    clients: Int = Field(100, ge=2)
-    d: Int = Field(100, ge=2)  # covariates
-    m: Int = Field(200, ge=2)  # hidden units of teacher and student
-    train_samples: Int = Field(100, ge=1)  # per client
-    test_samples: Int = Field(200, ge=1)  # per client
+    clients: Int = Field(100, ge=2, le=MAX_CLIENTS)
+    d: Int = Field(100, ge=2, le=100_000)  # covariates
+    m: Int = Field(200, ge=2, le=100_000)  # hidden units of teacher and student
+    train_samples: Int = Field(100, ge=1, le=1_000_000)  # per client
+    test_samples: Int = Field(200, ge=1, le=1_000_000)  # per client
     noise: Float = Field(1.0, ge=0)  # c: eps ~ N(0, c^2)
     label_threshold: Literal["client_median", "zero"] = "client_median"
 
 
 class SimTrainConfig(Section):
-    rounds: Int = Field(20, ge=1)
-    local_steps: Int = Field(5, ge=1)  # full-batch gradient steps per round
+    rounds: Int = Field(20, ge=1, le=MAX_ROUNDS)
+    local_steps: Int = Field(5, ge=1, le=MAX_EPOCHS)  # full-batch gradient steps per round
     lr: Float = Field(0.1, gt=0)
-    warmup_steps: Int = Field(10, ge=0)  # local steps before static's factor analysis
+    warmup_steps: Int = Field(10, ge=0, le=MAX_EPOCHS)  # local steps before static's factor analysis
     fraction: Float = Field(1.0, gt=0, le=1)  # share of clients taking part in a round
 
 
@@ -182,7 +183,7 @@ class SimulationConfig(Section):
     grid: SimGridConfig = Field(default_factory=SimGridConfig)
     decompositions: list[Annotated[Decomposition, BeforeValidator(_true_as_name)]] = Field(
         default_factory=lambda: ["true", "oracle", "static", "dynamic", "random"])
-    seeds: list[Annotated[Int, Field(ge=0)]] = Field(default_factory=lambda: [0, 1, 2])
+    seeds: list[Annotated[Int, Field(ge=0, le=MAX_SEED)]] = Field(default_factory=lambda: [0, 1, 2])
 
     @field_validator("decompositions", "seeds")
     @classmethod
@@ -192,8 +193,18 @@ class SimulationConfig(Section):
         return v
 
 
+# Floats one setting holds at once (every client's data, teacher and student): 2**30 is 4 GiB.
+MAX_FLOATS = 2**30
+
+
 def check_settings(cfg: SimulationConfig) -> None:
-    """Every (p, alpha) must leave at least one shared and one personal covariate and unit."""
+    """Every (p, alpha) must leave at least one shared and one personal covariate and unit, and one
+    setting's arrays must fit in memory."""
+    D = cfg.data
+    floats = D.clients * ((D.train_samples + D.test_samples) * (D.d + 1) + 3 * D.d * D.m)
+    if floats > MAX_FLOATS:
+        raise UsageError(f"data.clients={D.clients:,} x (samples x d + 3 x d x m) = {floats:,} floats per setting, "
+                         f"over the {MAX_FLOATS:,} (4 GiB) this simulation holds; lower clients, d, m or samples")
     for p, alpha in settings_of(cfg):
         d2, m2 = round(alpha * cfg.data.d), round(p * cfg.data.m)
         if not (1 <= d2 < cfg.data.d and 1 <= m2 < cfg.data.m):

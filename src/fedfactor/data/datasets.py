@@ -6,20 +6,26 @@ decides which are train, val and test. Everything is loaded into memory at once:
 indexes every client's samples out of that one tensor, on the GPU when there is one.
 
 Torchvision's own classes download and checksum the image datasets; this module only reads their
-`.data`/`.targets` arrays and turns their errors into one-line UsageErrors. Tiny-ImageNet has no
-torchvision class: torchvision's downloader fetches and checks its zip, and this module decodes
-its JPEGs once into an .npz cache. `prepare-data` copies scikit-learn's digits into the data root as
-an .npz, so that training jobs need not import scikit-learn.
+`.data`/`.targets` arrays and turns their errors into one-line UsageErrors naming the damaged file
+(an archive that fails its checksum or cannot be extracted), removing whatever a failed extraction
+left in the data root. Tiny-ImageNet has no torchvision class: torchvision's downloader fetches and
+checks its zip, and this module decodes its JPEGs once into an .npz cache. `prepare-data` copies
+scikit-learn's digits into the data root as an .npz, so that training jobs need not import
+scikit-learn.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import logging
 import shlex
+import shutil
 import socket
+import tarfile
 import urllib.error
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -42,6 +48,7 @@ _SYNTHETIC_ENTRY = "synthetic:NAME"
 # Samples per chunk when computing statistics and normalising: keeps float64 temporaries small
 # (a float64 copy of SVHN's official-train part alone would take 1.8 GB).
 _CHUNK = 2048
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -174,36 +181,62 @@ class _Torchvision(_Source):
     def files(self, root: Path) -> list[_File]:
         raise NotImplementedError
 
+    def extracted(self, root: Path) -> list[Path]:
+        """What extracting the downloaded archives writes (files or folders)."""
+        return []
+
     def read(self, root: Path, download: bool) -> _Arrays:
         raise NotImplementedError
 
     def arrays(self, arg: str, root: Path, download: bool) -> _Arrays:
+        # A half-extracted folder would pass for the dataset next time (or be blamed instead of its
+        # archive), so whatever this call set out to extract goes again if it fails, even on Ctrl-C.
+        new = [p for p in self.extracted(root) if not p.exists()] if download else []
         try:
             return self.read(root, download)
-        except UsageError:
-            raise
-        except (RuntimeError, OSError, ValueError, AssertionError, EOFError, KeyError) as err:
+        except BaseException as err:
+            for path in new:
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+            if isinstance(err, UsageError) or not isinstance(err, _READ_ERRORS):
+                raise
             raise self._explain(root, download, err) from err
 
     def _explain(self, root: Path, download: bool, err: BaseException) -> UsageError:
         """Turn torchvision's 'not found or corrupted' into which of the two it is, and what to do."""
         name = self._info.name
+        bad = _first_checksum_failure(self.files(root))
         if download and _is_network_error(err):
-            reason = err.reason if isinstance(err, urllib.error.URLError) else err
+            reason = _one_line(err.reason if isinstance(err, urllib.error.URLError) else err)
+            if bad is not None:  # torchvision found a damaged copy and could not fetch another
+                path, got, expected = bad
+                return UsageError(
+                    f"{path} failed its checksum (md5 {got}, expected {expected}) and a new copy could not be "
+                    f"downloaded ({reason}); delete it and run {_prepare_command(name, root)} again, or place "
+                    "a good copy there"
+                )
             return UsageError(
-                f"could not download {name}: {_one_line(reason)}; check the network connection, "
+                f"could not download {name}: {reason}; check the network connection, "
                 f"or place the files under {root} yourself"
             )
-        bad = _first_checksum_failure(self.files(root))
         if bad is not None:
             return _checksum_error(name, root, *bad)
+        broken = _first_broken_archive(self.files(root))
+        if broken is not None:
+            path, reason = broken
+            return UsageError(
+                f"cannot extract {path} ({reason}): it is damaged or not the archive it should be; delete it "
+                f"and run {_prepare_command(name, root)} to download it again"
+            )
         missing = [f.path for f in self.files(root) if f.required and not f.path.is_file()]
         if missing:
             where = missing[0].relative_to(root)
             if download:
                 return UsageError(
-                    f"{name}: {where} is missing under {root} after the download; delete the "
-                    f"downloaded files and run {_prepare_command(name, root)} again"
+                    f"{name}: {where} is missing under {root} after the download ({_one_line(err)}); delete "
+                    f"the downloaded files and run {_prepare_command(name, root)} again"
                 )
             return UsageError(
                 f"dataset {name!r} is not under {root} (missing {where}); run "
@@ -223,8 +256,14 @@ def _is_network_error(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and text.startswith("Error downloading") and "corrupted" not in text
 
 
+# What torchvision's readers and extractors raise on missing, damaged or foreign files
+_READ_ERRORS = (RuntimeError, OSError, ValueError, AssertionError, EOFError, KeyError, tarfile.TarError,
+                zipfile.BadZipFile, zlib.error)
+
+
 def _first_checksum_failure(files: Sequence[_File]) -> tuple[Path, str, str] | None:
-    for f in files:
+    # archives first: a damaged one explains the files extracted from it
+    for f in sorted(files, key=lambda f: f.required):
         if f.md5 is None or not f.path.is_file():
             continue
         try:
@@ -234,6 +273,35 @@ def _first_checksum_failure(files: Sequence[_File]) -> tuple[Path, str, str] | N
         if got != f.md5:
             return f.path, got, f.md5
     return None
+
+
+def _first_broken_archive(files: Sequence[_File]) -> tuple[Path, str] | None:
+    """The first present archive among `files` that cannot be read to its end, and why."""
+    for f in files:
+        if f.required or not f.path.is_file():
+            continue
+        try:
+            if f.path.suffix == ".zip":
+                with zipfile.ZipFile(f.path) as z:
+                    member = z.testzip()
+                if member is not None:
+                    return f.path, f"{member} in it fails its CRC check"
+            elif f.path.name.endswith((".tar.gz", ".tgz", ".tar")):
+                with tarfile.open(f.path, "r:" if f.path.suffix == ".tar" else "r:gz") as tar:
+                    for member in tar:
+                        if member.isfile():
+                            _read_through(tar.extractfile(member))
+            elif f.path.suffix == ".gz":
+                with gzip.open(f.path) as g:
+                    _read_through(g)
+        except (OSError, EOFError, tarfile.TarError, zipfile.BadZipFile, zlib.error) as err:
+            return f.path, _one_line(err)
+    return None
+
+
+def _read_through(stream) -> None:
+    while stream.read(1 << 20):
+        pass
 
 
 def _prepare_command(name: str, root: Path) -> str:
@@ -266,6 +334,9 @@ class _Cifar(_Torchvision):
             _File(root / cls.filename, cls.tgz_md5, False),
         ]
 
+    def extracted(self, root: Path) -> list[Path]:
+        return [root / self._cls().base_folder]
+
     def read(self, root: Path, download: bool) -> _Arrays:
         cls = self._cls()
         train = cls(str(root), train=True, download=download)
@@ -284,11 +355,24 @@ class _Svhn(_Torchvision):
         return [_File(root / SVHN.split_list[s][1], SVHN.split_list[s][2], True) for s in self.SPLITS]
 
     def read(self, root: Path, download: bool) -> _Arrays:
-        from torchvision.datasets import SVHN
-
-        train, test = (SVHN(str(root), split=s, download=download) for s in self.SPLITS)
+        train, test = (self._split(root, s, f, download) for s, f in zip(self.SPLITS, self.files(root)))
         # torchvision already maps SVHN's label 10 to digit 0 and transposes X to [N, C, H, W].
         return _Arrays(train.data, _labels(train.labels), test.data, _labels(test.labels))
+
+    def _split(self, root: Path, split: str, file: _File, download: bool) -> Any:
+        from scipy.io.matlab import MatReadError
+        from torchvision.datasets import SVHN
+
+        try:
+            return SVHN(str(root), split=split, download=download)
+        except (*_READ_ERRORS, MatReadError) as err:
+            if _is_network_error(err) or not file.path.is_file() or _first_checksum_failure([file]) is not None:
+                raise  # not there or damaged: `_explain` says which
+            # it passed its checksum, so reading it failed: name the file, which torchvision does not
+            raise UsageError(
+                f"cannot read {file.path} as SVHN's MATLAB file ({_one_line(err)}); delete it and run "
+                f"{_prepare_command(self._info.name, root)} to download it again"
+            ) from err
 
 
 class _Mnist(_Torchvision):
@@ -300,6 +384,9 @@ class _Mnist(_Torchvision):
         archives = [_File(raw / gz, md5, False) for gz, md5 in MNIST.resources]
         extracted = [_File(raw / gz.removesuffix(".gz"), None, True) for gz, _ in MNIST.resources]
         return extracted + archives
+
+    def extracted(self, root: Path) -> list[Path]:
+        return [f.path for f in self.files(root) if f.required]
 
     def read(self, root: Path, download: bool) -> _Arrays:
         from torchvision.datasets import MNIST
@@ -339,6 +426,9 @@ class _TinyImageNet(_Torchvision):
             _File(folder / "val" / "val_annotations.txt", None, True),
             _File(root / self.ARCHIVE, self.MD5, False),
         ]
+
+    def extracted(self, root: Path) -> list[Path]:
+        return [root / self.FOLDER]
 
     def read(self, root: Path, download: bool) -> _Arrays:
         cache = root / self.CACHE
@@ -460,6 +550,13 @@ class _Npz(_Source):
         for key, part in (("x", x), ("x_test", x_test)):
             if part.dtype.kind == "f" and not np.isfinite(part).all():
                 raise UsageError(f"{path}: {key} holds NaN or infinite values; replace them before loading")
+            # The model computes in float32, where a larger value is infinite (x1e300 also overflowed
+            # the float64 statistics and trained on all-zero inputs, without a word).
+            largest = float(np.abs(part).max()) if part.dtype.kind == "f" and part.size else 0.0
+            if largest > _FLOAT32_MAX:
+                raise UsageError(f"{path}: {key} holds values as large as {largest:.3g}, beyond float32's "
+                                 f"{_FLOAT32_MAX:.3g} that the model computes in; rescale them "
+                                 "(pixels are usually 0..255 or 0..1)")
         return _Arrays(x, loaded["y"].astype(np.int64), x_test, y_test.astype(np.int64))
 
 

@@ -159,6 +159,13 @@ class Partition:
                     f"{what} split holds the index {bad[0]}, outside 0..{n - 1} "
                     f"(the dataset has N={n} samples)"
                 )
+            values, counts = np.unique(idx, return_counts=True)
+            if (counts > 1).any():
+                # a repeated index weighs its sample twice (train) or scores it twice (test)
+                fail(
+                    f"{what} split holds the index {values[counts.argmax()]} {counts.max()} times; "
+                    "an index may appear once per split"
+                )
 
         for k, c in enumerate(self.clients):
             for a, b in (("train", "test"), ("train", "val"), ("val", "test")):
@@ -277,15 +284,16 @@ class Partition:
     @classmethod
     def load(cls, path: str | os.PathLike) -> Partition:
         try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+            doc = json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
             return cls._from_doc(doc)
         except FileNotFoundError:
             raise UsageError(
                 f"partition file {str(path)!r} does not exist; create it first"
             ) from None
-        # ValueError covers bad JSON and bad UTF-8 too; OverflowError is an int beyond int64
-        except (OSError, ValueError, OverflowError, KeyError, TypeError, AttributeError) as e:
-            reason = " ".join(str(e).split())  # the message must stay on one line
+        # ValueError covers bad JSON and bad UTF-8 too; OverflowError is an int beyond int64;
+        # RecursionError: arrays nested 10**5 deep
+        except (OSError, ValueError, OverflowError, KeyError, TypeError, AttributeError, RecursionError) as e:
+            reason = " ".join(str(e).split()) or type(e).__name__  # the message must stay on one line
             raise UsageError(
                 f"partition file {str(path)!r} is not a valid partition file ({reason}); "
                 "delete it and create it again"
@@ -595,6 +603,14 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are distinct: json keeps the last of two silently."""
+    doc = dict(pairs)
+    if len(doc) < len(pairs):
+        raise ValueError(f"key {next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i]))!r} appears twice")
+    return doc
+
+
 def _resolve_spec(spec: Any) -> dict[str, Any]:
     """The spec completed and checked by PartitionConfig, the one source of defaults and ranges."""
     if not isinstance(spec, dict):
@@ -618,6 +634,9 @@ def _resolve_spec(spec: Any) -> dict[str, Any]:
             "a spec to build one must leave it out"
         )
     PARTITIONS.get(resolved["kind"])  # unknown kind -> UsageError naming the choices
+    # checked under every kind: a setting the kind does not read must still not be nonsense
+    if isinstance(resolved["groups"], str) and resolved["groups"] not in GROUP_PRESETS:
+        raise UsageError(f"partition.groups: unknown class-group preset {resolved['groups']!r}; {_GROUPS_HINT}")
     return resolved
 
 
@@ -696,6 +715,10 @@ def task_label_maps(spec: dict, num_classes: int, num_clients: int) -> tuple[np.
 
 def _label_maps(spec: dict, num_classes: int, num_clients: int) -> tuple[np.ndarray, int]:
     """task_label_maps of a spec `_resolve_spec` has already checked."""
+    if isinstance(spec["groups"], list):  # checked under every kind, not only class_groups
+        beyond = [c for g in spec["groups"] for c in g if c >= num_classes]
+        if beyond:
+            raise UsageError(f"partition.groups names class {beyond[0]}, but the dataset has classes 0..{num_classes - 1}")
     if spec["kind"] == "class_groups":
         groups, _, per_group, _ = _resolve_groups(spec, num_classes, num_clients)
         num_outputs = max(map(len, groups))

@@ -24,7 +24,7 @@ from ..config import Config
 from ..data import Partition, dataset_info, load_dataset, make_partition, make_splits
 from ..data.augment import AUGMENT_KINDS
 from ..data.partition import SPLITS, task_label_maps
-from ..devices import resolve_device
+from ..devices import memory_bytes, resolve_device
 from ..errors import Interrupted, RunFailed, UsageError
 from ..methods import METHODS, Context
 from ..methods.base import Method
@@ -171,7 +171,8 @@ class Simulator:
     def __init__(self, cfg: Config, dry_run: bool = False):
         self.cfg = cfg
         self.dry_run = dry_run
-        self.device = torch.device("meta") if dry_run else resolve_device(cfg.fl.device)
+        device = resolve_device(cfg.fl.device, available=not dry_run)
+        self.device = torch.device("meta") if dry_run else device
         info = dataset_info(cfg.data.name, cfg.data.root)
         K = cfg.fl.clients
         # Cheap checks first: a typo should not wait for a dataset to load.
@@ -206,6 +207,8 @@ class Simulator:
                                 pretrained=cfg.model.pretrained and not dry_run)
             self.model = self.method.prepare_model(model)
         init = clone(self.model.state_dict())
+        if not dry_run:
+            self._check_memory(init)
         fl = cfg.fl
         optim = Optim(fl.optimizer, fl.lr, fl.momentum, fl.weight_decay)
         self.trainer = Trainer(self.model, self.x, fl.batch_size, self.augment, optim, fl.max_loss, fl.precision,
@@ -263,6 +266,8 @@ class Simulator:
         # with the trimming, a round no longer holds every sampled client's model until it ends.
         self._stream = type(self.method).aggregate is Method.aggregate
         self._kept_for_diagnostics: dict[int, set[str]] = {}
+        if cfg.diagnostics.keep_weights:  # an unknown layer is refused here, before the run's folder exists
+            self.diagnostic_layers()
         if self._trim and cfg.diagnostics.keep_weights:
             # the entries each analysed layer's weight is computed from (u, v, mu of a factorized layer)
             keys = {key for name in self.diagnostic_layers().values() for key in layer_entries(self.model, name)}
@@ -277,6 +282,16 @@ class Simulator:
         self._training = False  # inside a method's local_train: its batches stop on a stop signal
         self._scalars: dict[str, float] = {}
         self._arrays: dict[str, np.ndarray] = {}
+
+    def _check_memory(self, init: State) -> None:
+        """Refuse a run whose clients' models alone cannot fit: every client keeps a state of its own,
+        which is at least the model (the fewest copies a method keeps; the real need is higher)."""
+        model = sum(t.numel() * t.element_size() for t in init.values())
+        need, have = self.cfg.fl.clients * model, memory_bytes(self.device)
+        if have is not None and need > have:
+            raise UsageError(f"fl.clients={self.cfg.fl.clients:,} clients x a {model / 2**20:,.1f} MiB model = "
+                             f"{need / 2**30:,.1f} GiB of client states, more than the {have / 2**30:,.1f} GiB of "
+                             f"{self.device.type} memory here; use fewer clients or a smaller model")
 
     # -- data ----------------------------------------------------------------------------------
     def _read_partition(self) -> Partition:
@@ -473,6 +488,12 @@ class Simulator:
                     uploads[k] = upload
                 gone = drop - self._kept_for_diagnostics.get(k, set())
                 trained[k] = {key: t for key, t in state.items() if key not in gone} if gone else state
+            if skipped and not trained:
+                # Nothing reached the server: the run would go on, and end "successfully", with the
+                # model it had; an untrained model's accuracy must not pass for a result.
+                raise RunFailed(f"round {rnd} kept no update: the training loss of every client it trained "
+                                f"({', '.join(map(str, skipped[:10]))}{', ...' if len(skipped) > 10 else ''}) "
+                                "diverged (fl.on_divergence=skip); lower fl.lr")
             server = (self.method.set_global(self.server, total) if self._stream
                       else self.method.aggregate(self.server, uploads, weights))
         except BaseException:

@@ -47,14 +47,16 @@ class WeightedSum:
             if key not in self.totals:
                 self.totals[key] = torch.zeros(t.shape, dtype=torch.float64, device=t.device)
                 self.dtypes[key] = t.dtype
-            self.totals[key].add_(t, alpha=weight)
+            if not t.is_meta:  # a dry run (`fedfactor cost`) needs shapes only; meta arithmetic is 0.3 ms a tensor
+                self.totals[key].add_(t, alpha=weight)
         self.weight += weight
         self.count += 1
 
     def mean(self) -> State:
         if self.count == 0 or self.weight <= 0:
             raise ValueError("a weighted mean needs at least one state and a positive sum of weights")
-        return {key: (t / self.weight).to(self.dtypes[key]) for key, t in self.totals.items()}
+        return {key: t.to(self.dtypes[key]) if t.is_meta else (t / self.weight).to(self.dtypes[key])
+                for key, t in self.totals.items()}
 
 
 def weighted_average(states: list[Mapping[str, torch.Tensor]], weights: Iterable[float]) -> State:

@@ -36,7 +36,7 @@ import torch
 from pydantic import ConfigDict, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
-from ..config import Float, Int, validation_message
+from ..config import Float, MethodCount, validation_message
 from ..errors import UsageError
 from ..fl.state import State, WeightedSum, clone, select
 from ..fl.train import Batch, Optim, Phase, Split
@@ -105,7 +105,7 @@ class Method:
         fields = {}
         for key, default in cls.defaults.items():
             value = default.default if isinstance(default, FieldInfo) else default
-            kind = Any if value is None else {int: Int, float: Float}.get(type(value), type(value))
+            kind = Any if value is None else {int: MethodCount, float: Float}.get(type(value), type(value))
             fields[key] = (kind, default)
         model = create_model(f"{cls.__name__}Params", __config__=ConfigDict(extra="forbid", allow_inf_nan=False),
                              **fields)

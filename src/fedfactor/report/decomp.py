@@ -11,13 +11,15 @@ PDF, and return the numbers they drew as a table. `decomposition_data`/`draw_dec
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
+import numpy as np
 import pandas as pd
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
+from ..config import MAX_EPOCHS
 from ..errors import UsageError
-from .figures import (DatasetKey, _read_metrics, decorate, is_synthetic, legend_outside, mean_band,
+from .figures import (DatasetKey, _read_metrics, decorate, holds_numbers, is_synthetic, legend_outside, mean_band,
                       method_styles, panel_grid, save_figure)
 from .runs import find_summaries, read_summary
 
@@ -28,11 +30,41 @@ DIAGNOSTICS = {
 }
 
 
+class MethodSettings(BaseModel):
+    """The method settings the E_lora sweep reads from a summary's config.method."""
+
+    # strict: an e_lora "2", 2.5 or true is a damaged summary, not a point of the sweep; the other
+    # settings are not needed here
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    e_lora: int | None = Field(None, ge=0, le=MAX_EPOCHS)  # epochs on tau, at most fl.epochs
+    training: str | None = None
+
+
+class RunSettings(BaseModel):
+    """A summary's config, as far as the FedDecomp figures read it."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    method: MethodSettings = Field(default_factory=MethodSettings)
+
+
 class SweepRun(DatasetKey):
     """What the E_lora sweep reads from a summary: the reported accuracy and the run's settings."""
 
     accuracy: float | None = Field(ge=0, le=1)
-    config: dict[str, Any]
+    config: RunSettings
+
+
+def check_diagnostics(path: Path, metrics: pd.DataFrame) -> pd.DataFrame:
+    """`metrics` (read from `path`) once its FedDecomp diagnostics are distances: numbers >= 0, or
+    empty in a round that logged none; UsageError naming the file otherwise."""
+    for c in (c for c in DIAGNOSTICS if c in metrics):
+        logged = metrics[c].dropna()
+        if not (holds_numbers(metrics[c]) and np.isfinite(logged).all() and (logged >= 0).all()):
+            raise UsageError(f"{path}: {c} holds something other than distances (numbers >= 0); the run did "
+                             "not finish or the file is damaged: re-run it")
+    return metrics
 
 
 def _finish(fig, axes, out: str | Path, title: str, smoke: bool) -> None:
@@ -47,7 +79,7 @@ def decomposition_data(paths: Sequence[str | Path]) -> tuple[pd.DataFrame, bool]
     frames, synthetic = [], False
     for s in find_summaries(paths):
         run = read_summary(s, DatasetKey)
-        m = _read_metrics(s.parent / "metrics.csv")
+        m = check_diagnostics(s.parent / "metrics.csv", _read_metrics(s.parent / "metrics.csv"))
         if any(c in m and m[c].notna().any() for c in DIAGNOSTICS):
             frames.append(m.assign(scenario=run.scenario, method=run.method, seed=run.seed))
             synthetic = synthetic or is_synthetic(run.dataset)
@@ -94,10 +126,9 @@ def draw_decomposition(data: pd.DataFrame, out: str | Path, title: str = "", smo
     return last.groupby(["scenario", "method"], sort=False)[columns].mean().reset_index()
 
 
-def is_sweep_run(config: dict) -> bool:
+def is_sweep_run(config: RunSettings) -> bool:
     """Whether a run's config is an alternating FedDecomp run with an E_lora (a point of the sweep)."""
-    method = config.get("method", {})
-    return isinstance(method, dict) and "e_lora" in method and method.get("training") == "alternating"
+    return config.method.e_lora is not None and config.method.training == "alternating"
 
 
 def elora_data(paths: Sequence[str | Path]) -> tuple[pd.DataFrame, bool]:
@@ -112,7 +143,7 @@ def elora_data(paths: Sequence[str | Path]) -> tuple[pd.DataFrame, bool]:
                              "re-run with a report the run can give")
         swept = is_sweep_run(run.config)
         rows.append({"scenario": run.scenario, "seed": run.seed, "accuracy": 100 * run.accuracy,
-                     "e_lora": run.config["method"]["e_lora"] if swept else None,
+                     "e_lora": run.config.method.e_lora if swept else None,
                      "reference": None if swept else run.method})
         synthetic = synthetic or is_synthetic(run.dataset)
     data = pd.DataFrame(rows)

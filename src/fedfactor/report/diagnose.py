@@ -20,7 +20,8 @@ that computes its weight from factors (Factorized-FL, FedDecomp, pFedPara) is an
 effective weight, kept in the plain layer's shape (job.save_client_weights): u v^T + mu with mu as
 trained (not pruned), sigma + tau, W_1 o (W_2 + 1). Runs without them (FedEM, whose mixture has no
 single layer; such methods' runs by an older fedfactor) are listed with the reason and skipped; a
-layer the analysis fails on (NaN weights) gets a row with the error text. Outputs (in `out_dir`,
+layer the analysis fails on (NaN weights; a damaged, pickled or mismatched client_weights.npz, which
+is never unpickled) gets a row with the error text naming the file. Outputs (in `out_dir`,
 every one written atomically): diagnostics.csv (one row per run x layer), eigenvalues.csv (the
 eigenvalue curves), diagnostics.md (means over seeds per scenario x method x layer),
 communalities.png, eigenvalues.png and, when a FedFac run is among them, split_history.png and
@@ -37,6 +38,7 @@ import math
 import re
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -58,6 +60,8 @@ ABSOLUTE = (0.5, 0.7, 0.9)  # tau = these values of nu
 SHARED_PREFIX, COMMUNALITY_PREFIX = "fedfac.shared.", "fedfac.communality."
 _ROUND_FILE = re.compile(r"round_(\d+)\.npy")
 _FA_METHODS = ("principal", "eigen")
+_UNREADABLE = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)  # what numpy and zipfile raise
+_REWRITE = "the file is damaged or was not written by fedfactor: re-run the run to write it again"
 
 
 def share_columns() -> list[str]:
@@ -125,7 +129,7 @@ def skip_reason(info: RunInfo) -> str | None:
     """Why a run has nothing to analyse, or None."""
     if not info.layers:
         return "no analysed layer (summary.json's analysed_layers is absent or empty)"
-    if not (info.path / WEIGHTS_FILE).is_file():
+    if not (info.path / WEIGHTS_FILE).exists():  # something else by that name is a damaged file: an error row
         return f"no {WEIGHTS_FILE} (the run wrote no client weights; re-run it with a current fedfactor)"
     return None
 
@@ -151,11 +155,15 @@ def analyse_weights(weights: np.ndarray, kappa: float = 0.85, method: str = "pri
 
     from ..analysis.factor import factor_analysis, split, unit_matrix
 
-    w = torch.from_numpy(np.ascontiguousarray(weights))
-    if w.dim() < 2:
-        raise ValueError(f"weights of shape {tuple(w.shape)} are not K clients x d units x ...")
-    if not w.is_floating_point():
+    if weights.ndim < 2 or 0 in weights.shape:
+        raise ValueError(f"weights of shape {weights.shape} are not K clients x d units x ...")
+    if weights.dtype not in (np.float16, np.float32, np.float64):
         raise ValueError(f"weights of type {weights.dtype} are not floating-point numbers")
+    # a run saves float16 weights; beyond float32's range they are not a model's, and the analysis in
+    # float64 would overflow into a plausible-looking result
+    if weights.dtype == np.float64 and (np.abs(weights[np.isfinite(weights)]) > np.finfo(np.float32).max).any():
+        raise ValueError("the weights hold values beyond float32's range; they are not a model's weights")
+    w = torch.from_numpy(np.ascontiguousarray(weights))
     result = factor_analysis(unit_matrix(w), kappa=kappa, method=method)
     nu = result.communalities.cpu()
     ev = result.eigenvalues.clamp_min(0).cpu()
@@ -221,14 +229,17 @@ def _empty_row(info: RunInfo, index: int, module: str) -> dict:
 
 def analyse_run(info: RunInfo, kappa: float, method: str) -> list[LayerResult]:
     """One LayerResult per analysed layer of a run with weights (an error row where it fails)."""
+    # A damaged archive costs its run's rows an error, as NaN weights do, not the other runs' diagnostics.
     results = []
+    path = info.path / WEIGHTS_FILE
     archive, reason = None, ""
-    try:
-        archive = np.load(info.path / WEIGHTS_FILE, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        reason = f"cannot read {WEIGHTS_FILE} ({' '.join(str(e).split())})"
-    if archive is not None and not isinstance(archive, np.lib.npyio.NpzFile):
-        archive, reason = None, f"{WEIGHTS_FILE} holds one array, not one per layer (an .npz archive)"
+    if not zipfile.is_zipfile(path):  # np.load would take anything else for a pickle and refuse it as one
+        reason = f"{path} is not an .npz archive (a zip of one .npy array per layer); {_REWRITE}"
+    else:
+        try:
+            archive = np.load(path, allow_pickle=False)
+        except _UNREADABLE as e:
+            reason = f"cannot read {path} ({' '.join(str(e).split())}); {_REWRITE}"
     with archive if archive is not None else contextlib.nullcontext():
         for index, module in info.layers.items():
             res = LayerResult(_empty_row(info, index, module))
@@ -238,8 +249,16 @@ def analyse_run(info: RunInfo, kappa: float, method: str) -> list[LayerResult]:
                     raise ValueError(reason)
                 if key not in archive.files:
                     have = ", ".join(archive.files) or "none"
-                    raise ValueError(f"{WEIGHTS_FILE} has no entry {key!r} (it has {have})")
-                numbers, res.nu, res.curve = analyse_weights(archive[key], kappa, method)
+                    raise ValueError(f"{path} has no entry {key!r} for layer {index} of summary.json's "
+                                     f"analysed_layers (it has {have}); {_REWRITE}")
+                try:
+                    weights = archive[key]  # allow_pickle=False: an object array is refused, never unpickled
+                except _UNREADABLE as e:
+                    raise ValueError(f"cannot read {key!r} from {path} ({' '.join(str(e).split())}); "
+                                     f"{_REWRITE}") from None
+                if not isinstance(weights, np.ndarray):  # numpy hands out a member it cannot parse as bytes
+                    raise ValueError(f"{key!r} in {path} is not an .npy array; {_REWRITE}")
+                numbers, res.nu, res.curve = analyse_weights(weights, kappa, method)
                 res.row.update(numbers)
             except (ValueError, RuntimeError, MemoryError) as e:  # RuntimeError: torch's linear algebra
                 res.row["error"] = " ".join(str(e).split())

@@ -186,13 +186,20 @@ def _read_metrics(path: Path) -> pd.DataFrame:
     m = m.dropna(subset=["accuracy_mean"])
     if m.empty:
         raise UsageError(f"{path} has no evaluated round (no accuracy_mean value); {fix}")
-    if not pd.api.types.is_integer_dtype(m["round"]):
-        raise UsageError(f"{path}: the round column holds something other than whole numbers; {fix}")
-    if not pd.api.types.is_numeric_dtype(m["accuracy_mean"]):
+    if not (pd.api.types.is_integer_dtype(m["round"]) and (m["round"] >= 1).all()):
+        raise UsageError(f"{path}: the round column holds something other than whole numbers >= 1; {fix}")
+    if m["round"].duplicated().any():  # a run writes one row a round: a repeated one would be averaged in
+        raise UsageError(f"{path} holds round {m['round'][m['round'].duplicated()].iloc[0]} twice; {fix}")
+    if not holds_numbers(m["accuracy_mean"]):
         raise UsageError(f"{path}: accuracy_mean holds something other than numbers; {fix}")
     if not m["accuracy_mean"].between(0, 1).all():
         raise UsageError(f"{path}: accuracy_mean holds values outside 0..1; {fix}")
     return m
+
+
+def holds_numbers(column: pd.Series) -> bool:
+    """Whether a metrics.csv column holds numbers (read_csv reads a column of True/False as booleans)."""
+    return pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
 
 
 def mean_band(ax, frame, column: str, color, label: str, scale: float = 100.0, x: str | None = None,

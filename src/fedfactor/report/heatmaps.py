@@ -149,9 +149,13 @@ def _load(run_dir: Path, name: str, r: int) -> np.ndarray:
         raise UsageError(f"cannot read {path} ({' '.join(str(e).split())}); {fix}") from None
     if m.ndim != 2 or m.shape[0] != m.shape[1] or m.shape[0] == 0:
         raise UsageError(f"{path} holds an array of shape {m.shape}, not a square clients x clients matrix; {fix}")
-    if not (np.issubdtype(m.dtype, np.number) or m.dtype == bool):
-        raise UsageError(f"{path} holds {m.dtype} values, not numbers; {fix}")
-    return m.astype(float)
+    if m.dtype.kind not in "biuf":  # complex numbers would lose their imaginary part unnoticed
+        raise UsageError(f"{path} holds {m.dtype} values, not real numbers; {fix}")
+    m = m.astype(float)
+    # NaN marks a client that has not uploaded yet; a cosine similarity lies in -1..1 (up to rounding)
+    if name in SIMILARITIES and not (np.isnan(m) | (np.abs(m) <= 1 + 1e-6)).all():
+        raise UsageError(f"{path} holds values outside -1..1, not cosine similarities; {fix}")
+    return m
 
 
 def _run_info(run_dir: Path) -> tuple[str, bool]:

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Sequence, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from ..config import EvalConfig, validation_message
+from ..config import MAX_CLIENTS, MAX_ROUNDS, MAX_SEED, EvalConfig, validation_message
 from ..errors import UsageError
 
 _RERUN = "the run did not finish, the file is damaged or an older fedfactor wrote it: re-run it"
@@ -28,7 +28,7 @@ class RunKey(BaseModel):
 
     scenario: str
     method: str
-    seed: int = Field(ge=0)
+    seed: int = Field(ge=0, le=MAX_SEED)
 
 
 def _nan_is_null(value: Any) -> Any:
@@ -59,8 +59,8 @@ class TableRun(RunKey):
     accuracy_best_mean: Accuracy
     accuracy_weighted: Accuracy
     bytes_total: float = Field(ge=0)
-    rounds: int = Field(ge=1)
-    clients: int = Field(ge=1)
+    rounds: int = Field(ge=1, le=MAX_ROUNDS)
+    clients: int = Field(ge=1, le=MAX_CLIENTS)
     protocol: Annotated[EvalConfig, BeforeValidator(_all_protocol_keys)]
 
 
@@ -88,8 +88,9 @@ def read_summary(path: Path, schema: type[Run]) -> Run:
     """The fields `schema` declares, read from the summary.json at `path` and checked."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:  # ValueError: bad JSON or bad UTF-8
-        reason = " ".join(str(e).split())
+    # ValueError: bad JSON or UTF-8; RecursionError: arrays nested 10**5 deep
+    except (OSError, ValueError, RecursionError) as e:
+        reason = " ".join(str(e).split()) or type(e).__name__
         raise UsageError(f"cannot read run summary {path} ({reason}); {_RERUN}") from None
     if not isinstance(doc, dict):
         kind = {list: "an array", str: "a string", bool: "true/false", type(None): "null"}.get(type(doc), "a number")

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Sequence
+from typing import Annotated, Sequence
 
 import numpy as np
 import pandas as pd
@@ -37,9 +37,10 @@ from pydantic import BeforeValidator, Field
 
 from ..errors import UsageError
 from . import heatmaps
-from .decomp import DIAGNOSTICS, draw_decomposition, draw_elora, elora_data, is_sweep_run
-from .figures import (DatasetKey, _read_metrics, decorate, is_synthetic, legend_outside, mean_band, method_styles,
-                      panel_grid, pyplot, save_figure)
+from .decomp import (DIAGNOSTICS, RunSettings, check_diagnostics, draw_decomposition, draw_elora, elora_data,
+                     is_sweep_run)
+from .figures import (DatasetKey, _read_metrics, decorate, holds_numbers, is_synthetic, legend_outside, mean_band,
+                      method_styles, panel_grid, pyplot, save_figure)
 from .runs import Accuracy, _nan_is_null, find_summaries, read_summary
 
 ALWAYS = ("accuracy_rounds", "accuracy_bytes", "per_client")
@@ -55,7 +56,7 @@ class StudyRun(DatasetKey):
 
     # null (NaN) for a client without test data
     per_client_accuracy: list[ClientAccuracy]
-    config: dict[str, Any] = Field(default_factory=dict)
+    config: RunSettings = Field(default_factory=RunSettings)
 
 
 @dataclass
@@ -80,7 +81,8 @@ def load_study(summaries: Sequence[str | Path]) -> Study:
             raise UsageError(f"{seen[key]} and {s} are both scenario {run.scenario}, method {run.method}, seed "
                              f"{run.seed}; pass the runs of one study (their labels must differ)")
         seen[key] = s
-        metrics = _read_bytes(s.parent / "metrics.csv", _read_metrics(s.parent / "metrics.csv"))
+        path = s.parent / "metrics.csv"
+        metrics = check_diagnostics(path, _read_bytes(path, _read_metrics(path)))
         frames.append(metrics.assign(scenario=run.scenario, method=run.method, seed=run.seed))
         rows.append({"scenario": run.scenario, "method": run.method, "seed": run.seed, "dataset": run.dataset,
                      "dir": s.parent, "per_client": [a for a in run.per_client_accuracy if a is not None],
@@ -96,8 +98,7 @@ def _read_bytes(path: Path, m: pd.DataFrame) -> pd.DataFrame:
     for c in ("bytes_up", "bytes_down"):
         if c not in m:
             raise UsageError(f"{path} has no column {c!r}; {_FIX}")
-        if not pd.api.types.is_numeric_dtype(m[c]) or m[c].isna().any() or not np.isfinite(m[c]).all() \
-                or (m[c] < 0).any():
+        if not holds_numbers(m[c]) or not np.isfinite(m[c]).all() or (m[c] < 0).any():
             raise UsageError(f"{path}: {c} holds something other than byte counts (numbers >= 0); {_FIX}")
     return m.assign(bytes_mb=(m["bytes_up"] + m["bytes_down"]) / MB)
 
@@ -195,7 +196,7 @@ def _has_sweep(study: Study) -> bool:
     values: dict[str, set] = {}
     for _, run in study.runs.iterrows():
         if is_sweep_run(run["config"]):
-            values.setdefault(run["scenario"], set()).add(repr(run["config"]["method"]["e_lora"]))
+            values.setdefault(run["scenario"], set()).add(run["config"].method.e_lora)
     return any(len(v) >= 2 for v in values.values())
 
 
