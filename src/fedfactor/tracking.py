@@ -253,7 +253,11 @@ def _ensure_sqlite(db: Path, uri: str, experiment: str) -> None:
     aside and made again (under the store lock). _Fatal for a half-made store that holds runs."""
     if _inspect(db)[0] == "complete":
         return
-    db.parent.mkdir(parents=True, exist_ok=True)
+    try:  # a folder that cannot be made or written to is no passing trouble: no retries
+        db.parent.mkdir(parents=True, exist_ok=True)
+        Path(f"{db}.lock").touch()
+    except OSError as e:
+        raise _Fatal(_one_line(e)) from None
     # The slow imports (~1 s, a minute on a loaded machine) before the lock, not while holding it.
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # noqa: F401
     _schema()
