@@ -22,6 +22,8 @@ from fedfactor.errors import UsageError
 from fedfactor.io import exclusive_lock
 from fedfactor.tracking import Tracker, import_runs, init_store
 
+from .conftest import write_content
+
 STEPS = 10
 
 
@@ -133,8 +135,8 @@ def _logs_every_step(uri, run_dir):
     assert run.info.status == "FINISHED" and _steps(uri, run.info.run_id) == [1, 2, 3]
 
 
-# 3: tables without alembic_version; 272: mid-way through rebuilding `secrets`, after which MLflow
-# fails with "table _alembic_tmp_secrets already exists"
+# 3: a few tables, no alembic_version yet; 272: mid-way through a migration step, after which
+# MLflow's own migration fails for good ("table _alembic_tmp_experiments already exists")
 @pytest.mark.parametrize("n", [3, 272])
 def test_a_store_killed_while_migrated_in_place_is_set_aside_and_made_again(tmp_path, caplog, n):
     caplog.set_level(logging.WARNING, logger="fedfactor")
@@ -378,13 +380,11 @@ def test_import_of_a_damaged_run_names_the_file_and_imports_nothing(tmp_path, ca
     _make_run_dir(tmp_path / "runs" / "a_good")
     bad = _make_run_dir(tmp_path / "runs" / "bad")
     target = bad / name
-    target.unlink(missing_ok=True)
-    if content is None:
+    if content is None:  # a folder where the file goes
+        target.unlink(missing_ok=True)
         target.mkdir()
-    elif isinstance(content, bytes):
-        target.write_bytes(content)
     else:
-        target.write_text(content)
+        write_content(target, content)
     with pytest.raises(UsageError) as e:
         import_runs([tmp_path / "runs"], f"sqlite:///{tmp_path}/mlflow.db", "e")
     assert str(target) in str(e.value) and message in str(e.value) and "\n" not in str(e.value)

@@ -15,7 +15,7 @@ an import) continues that run instead of adding one, and skips the steps the sto
 Parallel jobs and SQLite. MLflow migrates a SQLite store in place on a process's first connection
 (SqlAlchemyStore.__init__ -> mlflow.store.db.utils._initialize_tables), with no lock of its own and
 not in one transaction (pysqlite commits most DDL as it runs), so a kill mid-migration leaves tables
-that the next migration trips over ("table secrets already exists"). Hence:
+that every later migration trips over ("table _alembic_tmp_experiments already exists"). Hence:
 - A fresh store is made in a temporary file beside the database (migrated, the experiment created),
   then renamed into place. Only that takes a lock: an exclusive `flock` on `<db>.lock`, held while
   the file is made and checked missing; the kernel drops it when its holder dies however it dies.
