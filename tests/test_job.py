@@ -248,12 +248,12 @@ def test_a_diverging_loss_stops_the_run_naming_round_and_client(tmp_path):
     assert not (tmp_path / "stop" / "summary.json").exists()
 
 
-def test_a_diverging_client_can_be_skipped_and_is_recorded(tmp_path):
-    # A client past max_loss is dropped; a tiny max_loss makes every client "diverge".
-    summary = train(load_config(None, [*TINY, "fl.max_loss=1e-9", "fl.on_divergence=skip"]), tmp_path)
-    assert summary["skipped_updates"] == [[r, k] for r in (1, 2) for k in range(4)]
-    assert pd.read_csv(tmp_path / "metrics.csv")["skipped_clients"].tolist() == [4, 4]
-    assert summary["bytes_up"] == 0  # nothing of a dropped update is sent
+def test_a_loss_past_max_loss_is_divergence_and_a_round_of_only_such_clients_fails(tmp_path):
+    # The real check, not a stand-in: a tiny max_loss makes every client "diverge", so round 1 keeps
+    # nothing and the run stops rather than finishing with the untrained model.
+    with pytest.raises(RunFailed, match=r"round 1 kept no update: .* \(0, 1, 2, 3\) diverged"):
+        train(load_config(None, [*TINY, "fl.max_loss=1e-9", "fl.on_divergence=skip"]), tmp_path)
+    assert not (tmp_path / "summary.json").exists()
 
 
 def test_outputs_are_group_readable(tmp_path):
@@ -499,6 +499,9 @@ def test_a_dropped_update_is_a_warning(tmp_path, monkeypatch, caplog):
     with caplog.at_level("WARNING", logger="fedfactor"):
         summary = train(load_config(None, [*TINY, "fl.on_divergence=skip"]), tmp_path / "other")
     assert summary["skipped_updates"] == [[2, 1]]
+    assert pd.read_csv(tmp_path / "other" / "metrics.csv")["skipped_clients"].tolist() == [0, 1]
+    full = train(load_config(None, TINY), tmp_path / "full")
+    assert summary["bytes_up"] == full["bytes_up"] * 7 // 8  # 1 of 8 equal uploads dropped: none of it sent
     [partly] = summary["warnings"]
     assert partly.startswith("1 client update(s) diverged and were dropped") and ": round 2 client 1;" in partly
     assert partly in caplog.text

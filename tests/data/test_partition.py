@@ -588,7 +588,7 @@ BAD_SPECS = [  # (spec, num_clients, what the message must say)
     ({"kind": "nope"}, 5, "unknown partition 'nope'; choose one of: class_groups, dirichlet"),
     ({"alpha": 0.5}, 5, "needs a kind"),
     ({"kind": "iid", "alpah": 0.5}, 5, "unknown config key 'partition.alpah'"),
-    (groups([[0, 1], [2, 10]]), 2, r"\[10\] that do not exist"),
+    (groups([[0, 1], [2, 10]]), 2, r"names class 10, but the dataset has classes 0\.\.9"),
     (groups([[0, 1], [1, 2]]), 2, r"disjoint; classes \[1\]"),
     (groups([[0, 1], [2, 3]], clients_per_group=2), 5, "needs num_clients = 4"),
     (groups("cifar100_5domains"), 20, "do not exist"),
