@@ -49,7 +49,7 @@ PAPERS = [
     ("config/studies/fedfac_table2.yaml", "cifar10_pi1", ["fedfac"]),
     ("config/studies/feddecomp_table1_cifar10.yaml", "cifar10_a0.5", ["feddecomp"]),
 ]
-# Training samples a client holds in the paper (../shared/DESIGN.md, protocol table): Factorized-FL
+# Training samples a client holds in the paper (its set-up, config/runs/*.yaml and docs/papers/): Factorized-FL
 # and SimFed cut CIFAR-10's pooled 60,000 into 48,000 train shared by 20 clients; FedFac's 100
 # clients hold 500 each; FedDecomp gives each client 500.
 PAPER_TRAIN_PER_CLIENT = {"factorized_fl_label": 2400, "simfed_single": 2400, "fedfac_table2": 500,

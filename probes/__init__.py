@@ -1,1 +1,1 @@
-"""Reliability probes: throw bad input and load at the real commands, count how each ends (README, "Reliability")."""
+"""Reliability probes: throw bad input and load at the real commands, count how each ends (docs/reliability.md)."""

@@ -6,8 +6,8 @@ errors, so a typo never silently runs the default. Method hyperparameters are ty
 method's own defaults (`Method.validate_params`). Every failure is one UsageError line, raised
 before anything is written.
 
-Defaults follow the papers where they agree (see README, "Defaults and choices the papers leave
-open"); where they disagree (the evaluation protocol) each paper's run config says which it uses.
+Defaults follow the papers where they agree (see docs/defaults.md, "Defaults and choices the
+papers leave open"); where they disagree (the evaluation protocol) each paper's run config says which it uses.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ class CheckpointConfig(Section):
 
 
 class EvalConfig(Section):
-    """The evaluation protocol; each paper uses its own (README, "Evaluation protocols")."""
+    """The evaluation protocol; each paper uses its own (docs/protocols.md)."""
 
     # client: each client's own test split, cut with its own class mix (FedDecomp, FedFac).
     # shared: the pooled test split, restricted to the client's task classes and relabelled through

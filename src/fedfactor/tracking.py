@@ -84,7 +84,7 @@ FINAL_KEYS = ("accuracy", "accuracy_mean", "accuracy_std", "accuracy_weighted", 
 RUN_FILES = ("summary.json", "metrics.csv", "config.yaml", "diagnostics")
 # MLflow 3 files an experiment under a kind, held by this tag (its UI's kind selector writes these
 # values); an experiment without it may open in the GenAI view (traces), where training runs look
-# absent. MLflow 3.17's UI follows its own GenAI / Model training switch instead (README, "MLflow").
+# absent. MLflow 3.17's UI follows its own GenAI / Model training switch instead (docs/mlflow.md).
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 _PARAM_BATCH = 100  # MLflow caps a log_batch at 100 params ...

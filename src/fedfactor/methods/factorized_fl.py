@@ -12,7 +12,7 @@ own (eqs. 4-5).
 
 Defaults are the official code's behaviour ("as run", wyjeong/Factorized-FL, the code behind the
 paper's numbers); `factorized_fl_alpha_text` and `factorized_fl_beta_text` are the paper's text as
-written. README, "As run: the authors' code and the papers' text", has the switch-by-switch table with
+written. docs/papers/factorized_fl.md, "As run vs the text", has the switch-by-switch table with
 measured effects.
 - `l1_mode`: official: the L1 term on mu is computed on detached tensors, so it has no gradient;
   paper: lambda ||M||_1 (eq. 6) with a real gradient.
@@ -327,7 +327,7 @@ def _variant(name: str, description: str, **changes: Any) -> type:
 
 _variant("factorized_fl_beta", "Factorized-FL beta (000): shares U, V and sparse M, personalised by similarity "
         "of v^{L-1}", share="uvm", share_bn=True)
-# The paper's text as written, where it differs from the official code (README's table).
+# The paper's text as written, where it differs from the official code (docs/papers/factorized_fl.md, "As run vs the text").
 TEXT = dict(layout="paper", mu_init="zero", bias_init="layer", l1_mode="paper", mu_send="pruned", share_bn=False,
             share_bias=False, weighting="paper", minimum_aggr=1, match_layer="before_head", reset_head=False,
             keep_optimizer=False)

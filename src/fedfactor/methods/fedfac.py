@@ -16,7 +16,7 @@ split (one byte per unit). A round that runs the factor analysis needs every uni
 clients, so its upload carries the whole layer (every dynamic round; static: the last warm-up
 round); after that, static FedFac uploads only the shared rows. tau = +-inf needs no analysis.
 
-Choices, each a hyperparameter (README, "FedFac"). The defaults are the official code's ("as run",
+Choices, each a hyperparameter (docs/papers/fedfac.md). The defaults are the official code's ("as run",
 ffair/FedFac's paper_experiments scripts); `fedfac_text` is the paper's text as written.
 - `tau`: inf, as the scripts run it (`--given_threshold` without a value compares with +inf, so every
   unit of Lambda is personal: no analysis decides anything); the text's default threshold is the

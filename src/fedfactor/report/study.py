@@ -670,7 +670,7 @@ def read_values(runs: Sequence[StudyRun], quantity: Quantity, scale: float = 1.0
 
 
 def protocol_words(protocol: EvalConfig | None) -> str:
-    """How our clients were scored, in words (README, "Evaluation protocols")."""
+    """How our clients were scored, in words (docs/protocols.md)."""
     from .table import PROTOCOL_WORDS
 
     if protocol is None:
