@@ -1,13 +1,56 @@
-"""What the README tells users to type: MLflow's UI and server stay on localhost unless authenticated."""
+"""The README is the front page: what fedfactor is, the two commands, the default study's table and
+figures, and links to docs/ for everything else, in at most 200 lines. Its links are checked with
+every other page's in tests/test_docs.py; its commands in tests/test_readme_commands.py."""
 
 import re
 from pathlib import Path
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
 
 
-def test_mlflow_ui_and_server_commands_bind_to_localhost_unless_they_authenticate():
-    commands = re.findall(r"^(?:MLFLOW_\w+=\S+ )?mlflow (?:ui|server)\b.*$", README, re.M)
-    assert len(commands) >= 3  # the local UI, a cluster's server, the authenticated server
-    for command in commands:
-        assert "--host 127.0.0.1" in command or "--app-name basic-auth" in command, command
+def test_the_readme_is_at_most_200_lines():
+    assert len(README.splitlines()) <= 200
+
+
+def test_the_readme_has_its_sections_in_order():
+    headings = re.findall(r"^## (.+)$", README, re.M)
+    assert headings == ["Two commands", "What the default study produces", "Documentation"]
+
+
+def test_the_two_commands_install_and_run_the_default_study_and_the_tests():
+    section = README.split("## Two commands", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"^```bash\n(.*?)^```", section, re.M | re.S)
+    assert len(commands) == 2
+    study, tests = (c.strip() for c in commands)
+    assert "pip install -e ." in study and study.endswith("snakemake --cores all")
+    assert 'pip install -e ".[test]"' in tests and "python -m pytest" in tests
+
+
+def test_the_default_study_table_has_every_method_and_scenario_of_config_yaml():
+    # the table shows the study config/config.yaml runs: a method or scenario added or renamed there
+    # must show here too
+    study = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    section = README.split("## What the default study produces", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip("|").split("|") for line in section.splitlines() if line.startswith("|")]
+    header, _, *body = rows
+    assert [h.strip() for h in header] == ["method", *study["scenarios"], "cost [GB]"]
+    assert [r[0].strip() for r in body] == list(study["methods"])
+    for row in body:  # mean +- std over the seeds in every scenario column
+        assert all(re.fullmatch(r" \d+\.\d\d \+- \d+\.\d\d ", cell) for cell in row[1:-1]), row
+
+
+def test_the_readme_shows_the_default_study_figures():
+    figures = re.findall(r"^!\[[^\]]+\]\((docs/default_accuracy_\w+\.png)\)$", README, re.M)
+    assert figures == ["docs/default_accuracy_rounds.png", "docs/default_accuracy_bytes.png"]
+
+
+def test_the_readme_links_every_docs_page():
+    # a page nobody links to is a page nobody finds: docs/README.md is the index, the README lists the
+    # top-level pages and the paper pages (docs/methods/*.md are reached through docs/methods.md)
+    pages = {p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md")}
+    pages |= {p.relative_to(REPO).as_posix() for p in (REPO / "docs" / "papers").glob("*.md")}
+    linked = set(re.findall(r"\]\((docs/[\w/.-]+\.md)\)", README))
+    assert pages - linked == set()

@@ -1,11 +1,11 @@
-"""Every command in the README's shell blocks, checked the cheapest way that would catch it breaking:
-`fedfactor` commands run as written in a temporary folder (training cut to one round), every
-`snakemake` command as a dry run (in this process: a subprocess would spend seconds importing torch
-each time), usage lines (`fedfactor train --config FILE ...`) and `mlflow ui/server` parsed by their
-own parsers, `pip install` extras looked up in pyproject.toml, ```python blocks compiled (the factor
-analysis one run). What needs the network (a fresh virtual environment, pip), a GPU, SLURM or a
-finished paper study is only dry-run or parsed; the test suite's own command is not run. A command
-this file does not know how to check fails it."""
+"""Every command in the shell blocks of the README and the docs/ pages, checked the cheapest way that
+would catch it breaking: `fedfactor` commands run as written in a temporary folder (training cut to one
+round), every `snakemake` command as a dry run (in this process: a subprocess would spend seconds
+importing torch each time), usage lines (`fedfactor train --config FILE ...`) and `mlflow ui/server`
+parsed by their own parsers, `pip install` extras looked up in pyproject.toml, ```python blocks
+compiled (the factor analysis one run). What needs the network (a fresh virtual environment, pip), a
+GPU, SLURM or a finished paper study is only dry-run or parsed; the test suite's own command is not
+run. A command this file does not know how to check fails it."""
 
 import contextlib
 import io
@@ -21,20 +21,24 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-README = (REPO / "README.md").read_text()
-# Placeholders the README writes for "any study"
+# The README and every page under docs/: where the commands a user copies live
+DOCS = {p.relative_to(REPO).as_posix(): p.read_text()
+        for p in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]}
+# Placeholders the docs write for "any study"
 PLACEHOLDERS = {"config/studies/X.yaml": "config/studies/factorized_fl_label.yaml"}
 
 
-def _blocks() -> list[tuple[int, str]]:
-    """(line number, text) of every ```bash block."""
-    return [(README[:m.start()].count("\n") + 2, m[1]) for m in re.finditer(r"^```bash\n(.*?)^```", README, re.M | re.S)]
+def _blocks() -> list[tuple[str, int, str]]:
+    """(file, line number, text) of every ```bash block."""
+    return [(name, text[:m.start()].count("\n") + 2, m[1])
+            for name, text in DOCS.items() for m in re.finditer(r"^```bash\n(.*?)^```", text, re.M | re.S)]
 
 
 def _commands() -> list[tuple[str, str]]:
-    """(id, command) per command: continuation lines joined, a heredoc kept whole, `&&` chains split."""
+    """(id, command) per command: continuation lines joined, a heredoc kept whole, `&&` chains split.
+    The id is `file:Lline`, so a failure names where the command is written."""
     out = []
-    for line_no, block in _blocks():
+    for name, line_no, block in _blocks():
         lines = block.splitlines()
         i = 0
         while i < len(lines):
@@ -48,18 +52,18 @@ def _commands() -> list[tuple[str, str]]:
                 text = text[:-1] + lines[i].strip()
             i += 1
             if heredoc:
-                out.append((f"L{start}", text))
+                out.append((f"{name}:L{start}", text))
                 continue
             tokens = shlex.split(text, comments=True)
             if tokens and "&&" not in tokens:  # as written, for bash (redirections stay redirections)
-                out.append((f"L{start}", text))
+                out.append((f"{name}:L{start}", text))
                 continue
             part: list[str] = []
             for token in [*tokens, "&&"]:
                 if token != "&&":
                     part.append(token)
                 elif part:
-                    out.append((f"L{start}", shlex.join(part)))
+                    out.append((f"{name}:L{start}", shlex.join(part)))
                     part = []
     return out
 
@@ -97,18 +101,18 @@ def _kind(command: str) -> str:
 
 def _of(kind):
     found = [(i, c) for i, c in COMMANDS if _kind(c) == kind]
-    assert found, f"the README has no {kind} command any more: update this test"
+    assert found, f"the docs have no {kind} command any more: update this test"
     return pytest.mark.parametrize("command", [c for _, c in found], ids=[i for i, _ in found])
 
 
-def test_every_readme_command_is_one_this_test_checks():
+def test_every_documented_command_is_one_this_test_checks():
     assert len(COMMANDS) >= 30
     assert [c for _, c in COMMANDS if _kind(c) == "unknown"] == []
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """A folder where the README's file-writing commands have run (mine.yaml, cluster.yaml)."""
+    """A folder where the docs' file-writing commands have run (mine.yaml, cluster.yaml)."""
     work = tmp_path_factory.mktemp("readme")
     for _, command in COMMANDS:
         if _kind(command) == "write":
@@ -116,7 +120,7 @@ def workdir(tmp_path_factory):
     return work
 
 
-def test_the_files_the_readme_writes_are_study_yaml(workdir):
+def test_the_files_the_docs_write_are_study_yaml(workdir):
     for name in ("mine.yaml", "cluster.yaml"):
         assert isinstance(yaml.safe_load((workdir / name).read_text()), dict), name
 
@@ -150,7 +154,7 @@ def test_snakemake_commands_dry_run(command, workdir, tmp_path):
     if "--report" in argv:  # a report needs the finished study: its dry run stands in
         i = argv.index("--report")
         del argv[i:i + 2]
-    # files the README wrote (mine.yaml, cluster.yaml) lie in the work folder
+    # files the docs wrote (mine.yaml, cluster.yaml) lie in the work folder
     argv = [str(workdir / a) if (workdir / a).is_file() else a for a in argv]
     ok, out = _snakemake_dry_run([*argv, "-n", "--config", f"results={tmp_path}"])
     assert ok, out[-3000:]
@@ -192,7 +196,7 @@ def _fedfactor(argv: list[str], cwd: Path) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def trained(workdir):
-    """The README's `fedfactor train` example, run as written, with one round instead of ten."""
+    """The `fedfactor train` example (docs/cli.md), run as written, with one round instead of ten."""
     (command,) = [c for _, c in COMMANDS if _kind(c) == "fedfactor" and _argv(c)[1] == "train"]
     argv = _argv(command)[1:]
     for config in (a for a in argv if a.endswith(".yaml")):
@@ -208,11 +212,12 @@ def test_the_train_example_runs(trained):
 
 
 def test_the_cost_example_prints_the_bytes_its_comment_says(workdir):
-    (command,) = [c for _, c in COMMANDS if _kind(c) == "fedfactor" and _argv(c)[1] == "cost"]
+    ((where, command),) = [(i, c) for i, c in COMMANDS if _kind(c) == "fedfactor" and _argv(c)[1] == "cost"]
     argv = _argv(command)[1:]
     argv[argv.index("--config") + 1] = str(REPO / argv[argv.index("--config") + 1])
     status, out = _fedfactor(argv, workdir)
-    said = re.search(r"^# bytes_total\s+([\d,]+) B", README.split(command.split("#")[0].strip(), 1)[1], re.M)[1]
+    page = DOCS[where.split(":")[0]]  # the comment under the command, on the page that shows it
+    said = re.search(r"^# bytes_total\s+([\d,]+) B", page.split(command.split("#")[0].strip(), 1)[1], re.M)[1]
     assert status == 0 and re.search(rf"^bytes_total\s+{said} B", out, re.M), out
 
 
@@ -265,7 +270,7 @@ def test_python_blocks_compile_and_the_factor_analysis_one_runs():
 
     import torch
 
-    blocks = re.findall(r"^```python\n(.*?)^```", README, re.M | re.S)
+    blocks = [b for text in DOCS.values() for b in re.findall(r"^```python\n(.*?)^```", text, re.M | re.S)]
     assert blocks
     for block in blocks:
         ast.parse(block)  # the method fragment (`def plan(self, ...)`) only compiles
