@@ -18,7 +18,8 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), REPO / "con
 # here too so that a missing one fails as a page, not only as a link
 METHOD_FILES = sorted(p.stem for p in (PACKAGE / "methods").glob("*.py") if p.stem not in ("__init__", "base"))
 # Where the code, configs and claims send readers ("see docs/x.md", 'README, "Section"')
-POINTERS = [*PACKAGE.rglob("*.py"), *(REPO / "config").rglob("*.yaml"), *(REPO / "workflow").rglob("*"),
+POINTERS = [*PACKAGE.rglob("*.py"), *(REPO / "config").rglob("*.yaml"),
+            *(p for p in (REPO / "workflow").rglob("*") if p.suffix in (".smk", ".py", ".rst", ".yaml", ".sh")),
             *(REPO / "benchmarks").rglob("*.py"), *(REPO / "probes").rglob("*.py"), REPO / "Snakefile"]
 # Files of the authors' repositories the docs name (not ours, so not checked here)
 AUTHORS_FILES = {"models/LoraResnet1.py"}
