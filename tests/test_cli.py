@@ -65,7 +65,7 @@ def test_train_runs_names_its_failed_run_and_writes_no_marker(tmp_path, tiny, ca
     done = tmp_path / "job.json"
     assert main(["train-runs", *_sets(tiny), "--runs", json.dumps(runs), "--done", str(done)]) == 1
     err = capsys.readouterr().err
-    assert f"fedfactor: run failed: 1 of 2 runs failed" in err and f"{tmp_path / 'bad'}: round 1, client 0" in err
+    assert "fedfactor: run failed: 1 of 2 runs failed" in err and f"{tmp_path / 'bad'}: round 1, client 0" in err
     assert (tmp_path / "good" / "summary.json").exists() and not done.exists()
 
 
