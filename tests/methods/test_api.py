@@ -103,6 +103,7 @@ def test_two_phase_method_trains_head_then_body_and_shares_only_the_body(tiny):
     assert torch.equal(received["body.0.weight"], sim.server["global"]["body.0.weight"])
 
 
+@pytest.mark.slow
 def test_extra_client_state_is_kept_sent_counted_and_logged(tmp_path, tiny):
     out = tmp_path / "run"
     sets = [s for s in tiny if not s.startswith("fl.rounds")] + ["fl.rounds=3", "fl.fraction=0.5",
