@@ -238,6 +238,7 @@ def test_the_mlflow_import_example_loads_a_finished_run(trained):
 
 
 @_of("mlflow")
+@pytest.mark.slow
 def test_mlflow_commands_parse_and_the_ui_opens_the_workflows_store(command):
     from mlflow.cli import cli
 

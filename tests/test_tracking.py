@@ -329,6 +329,7 @@ def test_import_completes_an_unfinished_run(tmp_path):
     assert run.info.status == "FINISHED" and _steps(uri, run.info.run_id) == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_import_rejects_bad_paths_and_partial_runs(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     with pytest.raises(UsageError, match="missing_dir.*does not exist"):
