@@ -19,6 +19,8 @@ from fedfactor.errors import UsageError
 
 from .conftest import write_content
 
+pytestmark = pytest.mark.slow  # damaged inputs fed to training and report commands
+
 SETTINGS = settings(max_examples=25, deadline=None)
 BASE = ["data.name=digits", "fl.clients=4"]
 

@@ -103,6 +103,7 @@ def test_runner_writes_json_with_machine_info(tmp_path, monkeypatch, capsys):
     assert bench["rows"][1]["value"] is None  # NaN written as null
 
 
+@pytest.mark.slow
 def test_clients_quick_rows():
     rows = clients.run(quick=True, device="cpu")
     check_rows(rows)
@@ -155,6 +156,7 @@ def test_memory_child_and_rows(tmp_path, monkeypatch):
     assert len(per_client) == 2 * len(memory.METHODS) and all(r["ratio"] == 1.0 for r in per_client)
 
 
+@pytest.mark.slow
 def test_startup_marks_each_phase_of_a_fresh_job_once(tmp_path, tiny):
     import os
 
@@ -175,6 +177,7 @@ def test_memory_counts_a_shared_storage_once():
     assert memory.held_bytes([{"a": t}, {"nested": [torch.zeros(2), {"x": torch.zeros(3)}]}]) == 60
 
 
+@pytest.mark.slow
 def test_memory_child_process_reports_errors(tmp_path):
     r = memory.measure({"sets": ["fl.clients=0"], "threads": 1})
     assert "error" in r and "fl.clients" in r["error"]

@@ -19,6 +19,7 @@ def _sets(items):
     return [a for s in items for a in ("--set", s)]
 
 
+@pytest.mark.slow
 def test_train_two_rounds_end_to_end(tmp_path, tiny, capsys):
     out = tmp_path / "run"
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -48,6 +49,7 @@ def test_train_two_rounds_end_to_end(tmp_path, tiny, capsys):
     assert run.data.params["fl.rounds"] == "2"
 
 
+@pytest.mark.slow
 def test_train_runs_trains_each_run_with_its_own_sets_and_marks_the_job_done(tmp_path, tiny, capsys):
     runs = [{"out": str(tmp_path / "a"), "set": ["method.name=local"], "log": str(tmp_path / "a.log")},
             {"out": str(tmp_path / "b"), "set": ["seed=3"]}]
@@ -60,12 +62,13 @@ def test_train_runs_trains_each_run_with_its_own_sets_and_marks_the_job_done(tmp
     assert [line.split(":")[0] for line in lines] == ["custom/local/seed0", "custom/fedavg/seed3"]
 
 
+@pytest.mark.slow
 def test_train_runs_names_its_failed_run_and_writes_no_marker(tmp_path, tiny, capsys):
     runs = [{"out": str(tmp_path / "bad"), "set": ["fl.lr=1e6", "fl.momentum=0"]}, {"out": str(tmp_path / "good")}]
     done = tmp_path / "job.json"
     assert main(["train-runs", *_sets(tiny), "--runs", json.dumps(runs), "--done", str(done)]) == 1
     err = capsys.readouterr().err
-    assert f"fedfactor: run failed: 1 of 2 runs failed" in err and f"{tmp_path / 'bad'}: round 1, client 0" in err
+    assert "fedfactor: run failed: 1 of 2 runs failed" in err and f"{tmp_path / 'bad'}: round 1, client 0" in err
     assert (tmp_path / "good" / "summary.json").exists() and not done.exists()
 
 
@@ -84,6 +87,7 @@ def test_train_runs_bad_runs_are_one_line_exit_2_before_any_run(tmp_path, tiny, 
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_same_seed_gives_identical_metrics(tmp_path, tiny):
     frames = []
     for name in ("a", "b"):
@@ -198,6 +202,7 @@ def test_train_sets_torch_threads_before_any_work(tmp_path, tiny, monkeypatch, c
         torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_train_threads_reach_both_of_torchs_pools_in_a_fresh_process(tmp_path, tiny):
     import os
     import subprocess
@@ -226,6 +231,7 @@ def test_lists_name_one_entry_per_line(capsys):
     assert {"digits", "mnist", "cifar10", "cifar100", "svhn"} <= names
 
 
+@pytest.mark.slow
 def test_partition_file_is_used_and_checked(tmp_path, tiny, capsys):
     part = tmp_path / "part.json"
     assert main(["partition", *_sets(tiny + ["partition.kind=shards"]), "--out", str(part)]) == 0
@@ -240,6 +246,7 @@ def test_partition_file_is_used_and_checked(tmp_path, tiny, capsys):
     assert "4 clients" in capsys.readouterr().err and not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_killed_run_leaves_no_summary(tmp_path, tiny):
     import os
     import signal
@@ -263,6 +270,7 @@ def test_killed_run_leaves_no_summary(tmp_path, tiny):
     pd.read_csv(out / "metrics.csv")  # whatever was written is a whole file
 
 
+@pytest.mark.slow
 def test_typed_values_that_once_crashed_now_run(tmp_path, tiny):
     # YAML reads 1e-3 as a string; the typed config makes it a float before anything runs
     out = tmp_path / "run"
@@ -330,6 +338,7 @@ _UNKNOWN = st.tuples(st.sampled_from(["fl", "data", "partition", "eval", "method
 @given(command=st.sampled_from(["train", "cost", "partition"]),
        item=st.one_of(st.sampled_from(sorted(_BAD_VALUES)).flatmap(
            lambda key: _BAD_VALUES[key].map(lambda v: (key, v))), _UNKNOWN.map(lambda k: (k, 1))))
+@pytest.mark.slow
 def test_invalid_settings_are_one_line_exit_2_and_nothing_written(tmp_path_factory, command, item):
     key, value = item
     text = value if isinstance(value, str) else json.dumps(value)

@@ -39,6 +39,7 @@ def test_two_claims_get_different_gpus_and_a_third_waits_for_one_to_free(two_gpu
     assert got == [[0]]
 
 
+@pytest.mark.slow
 def test_a_killed_job_leaves_no_gpu_claimed(two_gpus):
     code = ("import sys; from fedfactor import devices; devices.count_gpus = lambda: 2; "
             f"print(devices.claim_gpus(2, {str(two_gpus)!r})); sys.stdout.flush(); import os; os._exit(9)")

@@ -31,6 +31,8 @@ from fedfactor.report.diagnose import diagnose
 
 from .conftest import TINY
 
+pytestmark = pytest.mark.slow  # every test runs training jobs
+
 ROUNDS = 4
 # What legitimately differs between an interrupted and an uninterrupted run: time and the record
 # of the interruption itself.

@@ -95,6 +95,7 @@ def test_live_table_before_any_run_and_once_complete(tmp_path):
     assert "1 of 1 runs finished; complete" in md and "| local | 25.00 +- 0.00 (1) |" in md
 
 
+@pytest.mark.slow
 def test_live_figure_draws_the_finished_runs_curves_and_counts_them_in_its_title(tmp_path, study):
     from PIL import Image
 

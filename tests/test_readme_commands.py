@@ -149,6 +149,7 @@ def _snakemake_dry_run(argv: list[str]) -> tuple[bool, str]:
 
 
 @_of("snakemake")
+@pytest.mark.slow
 def test_snakemake_commands_dry_run(command, workdir, tmp_path):
     argv = _argv(command)[1:]
     if "--report" in argv:  # a report needs the finished study: its dry run stands in
@@ -205,6 +206,7 @@ def trained(workdir):
     return status, out, workdir / argv[argv.index("--out") + 1]
 
 
+@pytest.mark.slow
 def test_the_train_example_runs(trained):
     status, out, run = trained
     assert status == 0, out[-2000:]
@@ -221,6 +223,7 @@ def test_the_cost_example_prints_the_bytes_its_comment_says(workdir):
     assert status == 0 and re.search(rf"^bytes_total\s+{said} B", out, re.M), out
 
 
+@pytest.mark.slow
 def test_the_mlflow_import_example_loads_a_finished_run(trained):
     from mlflow import MlflowClient
 
@@ -240,6 +243,7 @@ def test_the_mlflow_import_example_loads_a_finished_run(trained):
 
 
 @_of("mlflow")
+@pytest.mark.slow
 def test_mlflow_commands_parse_and_the_ui_opens_the_workflows_store(command):
     from mlflow.cli import cli
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # bad-input probes, each in a subprocess
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # probes/ sits beside src/ and is not installed
     sys.path.insert(0, str(REPO))

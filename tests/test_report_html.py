@@ -34,6 +34,8 @@ from .report_browser import (
     start_browser,
 )
 
+pytestmark = pytest.mark.slow  # a study run, its HTML report and a headless browser
+
 REPO = Path(os.environ.get("FEDFACTOR_REPORT_REPO") or Path(__file__).resolve().parents[1])
 CAPTIONS = REPO / "workflow" / "report"
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # a real single-node SLURM cluster
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "workflow" / "scripts" / "slurm_local.sh"
 PROFILE = REPO / "profiles" / "slurm"

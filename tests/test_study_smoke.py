@@ -28,6 +28,8 @@ import yaml
 
 from fedfactor.methods import METHODS
 
+pytestmark = pytest.mark.slow  # every study dry-run in full and smoke-run end to end
+
 REPO = Path(__file__).resolve().parents[1]
 STUDIES = sorted((REPO / "config" / "studies").glob("*.yaml"))
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]

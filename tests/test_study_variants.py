@@ -93,6 +93,7 @@ def _jobs(out: str) -> dict[str, int]:
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", out, re.M)}
 
 
+@pytest.mark.slow
 def test_rounds_keep_the_partitions_and_an_override_file_keeps_the_studys_runs(tmp_path):
     run = tmp_path / "run.yaml"
     run.write_text("data: {name: digits}\nmodel: {name: mlp}\nfl: {clients: 4, rounds: 2, epochs: 1}\n")

@@ -67,6 +67,7 @@ def _check_parallel_runs(uri, run_dirs):
         assert state["run_ids"] == {uri: r.info.run_id}
 
 
+@pytest.mark.slow
 def test_parallel_jobs_on_a_fresh_and_an_existing_store_keep_every_run_and_step(tmp_path):
     # The fresh store's jobs race to make it and the experiment; the existing store's jobs race to
     # create the experiment. Opening a complete store takes no lock: this test holds the existing
@@ -138,6 +139,7 @@ def _logs_every_step(uri, run_dir):
 # 3: a few tables, no alembic_version yet; 272: mid-way through a migration step, after which
 # MLflow's own migration fails for good ("table _alembic_tmp_experiments already exists")
 @pytest.mark.parametrize("n", [3, 272])
+@pytest.mark.slow
 def test_a_store_killed_while_migrated_in_place_is_set_aside_and_made_again(tmp_path, caplog, n):
     caplog.set_level(logging.WARNING, logger="fedfactor")
     db = tmp_path / "mlflow.db"
@@ -153,6 +155,7 @@ def test_a_store_killed_while_migrated_in_place_is_set_aside_and_made_again(tmp_
 
 
 @pytest.mark.parametrize("n", [200, 439])  # 439: creating the experiment, after the migration
+@pytest.mark.slow
 def test_a_kill_while_the_store_is_made_leaves_no_store_and_the_next_job_makes_it(tmp_path, caplog, n):
     caplog.set_level(logging.WARNING, logger="fedfactor")
     db = tmp_path / "mlflow.db"
@@ -168,6 +171,7 @@ def _sha256(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_a_store_with_runs_is_never_moved_or_changed(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(tracking, "RETRY_SECONDS", 0.3)
     caplog.set_level(logging.WARNING, logger="fedfactor")
@@ -194,6 +198,7 @@ def test_a_store_with_runs_is_never_moved_or_changed(tmp_path, monkeypatch, capl
     assert _sha256(db) == digest
 
 
+@pytest.mark.slow
 def test_one_run_directory_is_one_mlflow_run(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cfg = TrackingConfig(uri=uri, experiment="resume")
@@ -256,6 +261,7 @@ def _no_ops(tracker):
     tracker.end("KILLED")
 
 
+@pytest.mark.slow
 def test_unreachable_store_warns_once_then_import_loads_the_files(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(tracking, "RETRY_SECONDS", 0.3)
     caplog.set_level(logging.WARNING, logger="fedfactor")
@@ -305,6 +311,7 @@ def test_unreachable_store_warns_once_then_import_loads_the_files(tmp_path, monk
     assert _steps(uri, run.info.run_id) == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_import_completes_an_unfinished_run(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     from fedfactor.config import load_config
@@ -322,6 +329,7 @@ def test_import_completes_an_unfinished_run(tmp_path):
     assert run.info.status == "FINISHED" and _steps(uri, run.info.run_id) == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_import_rejects_bad_paths_and_partial_runs(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     with pytest.raises(UsageError, match="missing_dir.*does not exist"):
@@ -401,6 +409,7 @@ def test_import_refuses_two_folders_of_one_run(tmp_path):
     assert not (tmp_path / "mlflow.db").exists()
 
 
+@pytest.mark.slow
 def test_experiments_are_filed_as_model_training_not_genai(tmp_path):
     # MLflow 3's UI opens an experiment by its kind tag; untagged ones may open in the GenAI (traces)
     # view, where training runs look absent.

@@ -23,6 +23,7 @@ def _job_counts(stdout: str) -> dict[str, int]:
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stdout, re.M)}
 
 
+@pytest.mark.slow
 def test_default_study_dry_run(tmp_path):
     r = _snakemake("-n", "-p", "--config", f"results={tmp_path}/results")
     assert r.returncode == 0, r.stderr + r.stdout
@@ -58,6 +59,7 @@ def test_default_study_dry_run(tmp_path):
     ({"study": None}, "{study}: holds no `study:`, so it is no study file. Give a study first and this file after it "
                       "to override the study's keys, e.g. --configfile config/config.yaml {study}"),
 ])
+@pytest.mark.slow
 def test_a_bad_study_ends_the_dry_run_with_one_clear_line(tmp_path, change, message):
     doc = {"study": "bad", "run_config": str(REPO / "config" / "runs" / "digits.yaml"), "results": str(tmp_path),
            "seeds": [0], "scenarios": {"a": {"partition": {"kind": "iid"}}}, "methods": {"fedavg": {"name": "fedavg"}}}
@@ -69,11 +71,13 @@ def test_a_bad_study_ends_the_dry_run_with_one_clear_line(tmp_path, change, mess
     assert r.returncode == 1 and lines == [message.format(study=study)], r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_lint_is_clean(tmp_path):
     r = _snakemake("--lint", "--config", f"results={tmp_path}/results")
     assert r.returncode == 0 and "Congratulations" in r.stdout + r.stderr, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_tiny_study_runs_end_to_end_and_a_rerun_does_nothing(tmp_path):
     run = tmp_path / "run.yaml"
     run.write_text("data: {name: digits}\nmodel: {name: mlp}\nfl: {clients: 4, rounds: 2, epochs: 1, batch_size: 32}\n")

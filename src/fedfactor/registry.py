@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Generic, TypeVar
 
 from .errors import UsageError
 
@@ -45,3 +47,18 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: str) -> bool:
         return name in self._entries
+
+    @contextmanager
+    def scope(self) -> Iterator[Registry[T]]:
+        """Entries registered inside the `with` block are removed when it ends.
+
+        For test-only entries: registered at import time they would stay for every later test, and
+        what a registry-wide parametrization collects would depend on which test files were imported
+        first.
+        """
+        saved = dict(self._entries)
+        try:
+            yield self
+        finally:
+            self._entries.clear()
+            self._entries.update(saved)

@@ -167,6 +167,7 @@ def test_true_beats_random_and_a_fixed_random_mask_does_not_lose():
 # -------------------------------------------------------------------------------------------- CLI
 
 
+@pytest.mark.slow
 def test_cli_runs_a_tiny_study_end_to_end(tmp_path, capsys):
     out = tmp_path / "sim"
     assert main(["simulate", "--config", CONFIG, *_sets(TINY), "--out", str(out)]) == 0

@@ -159,6 +159,7 @@ def _sim(tiny, *sets):
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedrep", "feddecomp", "factorized_fl_alpha", "fedprox"])
+@pytest.mark.slow
 def test_rounds_batched_equal_rounds_one_by_one(tiny, method):
     runs = {}
     for mode in ("false", "true"):

@@ -160,6 +160,7 @@ def test_best_val_without_validation_data_is_refused(tmp_path, tiny):
         Simulator(load_config(None, tiny + ["data.split=[0.9, 0.0, 0.1]", "eval.report=best_val"]))
 
 
+@pytest.mark.slow
 def test_run_records_every_round_and_evaluates_every_eval_every(tiny):
     sim = Simulator(load_config(None, [s for s in tiny if not s.startswith("fl.rounds")]
                                 + ["fl.rounds=3", "fl.eval_every=2"]))
@@ -195,6 +196,7 @@ def test_a_methods_own_training_loop_gets_trainers_rule_for_a_batch_of_one(tiny,
     ("fedavg", []), ("fedper", []), ("fedrod", []), ("agnostic_fl", []), ("fedem", []),
     ("feddecomp", ["fl.epochs=2", "method.e_lora=1"]),
 ])
+@pytest.mark.slow
 def test_a_trained_client_keeps_only_its_own_entries_and_the_run_is_unchanged(tiny, method, extra):
     sets = [*tiny, "fl.rounds=3", "fl.fraction=0.5", "eval.model=received", "diagnostics.max_clients=2",
             f"method.name={method}", *extra]
@@ -226,6 +228,7 @@ def test_the_trained_model_protocol_and_methods_with_their_own_receive_keep_whol
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedper", "fedbn", "pfedpara"])
+@pytest.mark.slow
 def test_uploads_summed_as_they_arrive_give_the_server_that_aggregate_gives(tiny, method):
     sets = [*tiny, "fl.rounds=2", "fl.fraction=0.75", "partition.kind=dirichlet", "eval.model=trained",
             f"method.name={method}"]
@@ -280,6 +283,7 @@ def test_a_rounds_loss_is_the_cross_entropy_with_each_extra_loss_in_a_column_of_
     assert RoundRecord.from_dict(old) == RoundRecord(1, 3.0, 10, 10, 10, 10, 1.0)
 
 
+@pytest.mark.slow
 def test_a_run_records_its_extra_losses_and_checkpoints_them_weights_only(tiny):
     sim = Simulator(load_config(None, tiny + ["method.name=fedprox", "method.mu=0.5"]))
     records = sim.run()

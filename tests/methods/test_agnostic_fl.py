@@ -57,6 +57,7 @@ def test_simplex_projection_is_the_nearest_point_on_random_vectors():
         assert (gap[x == 0] <= t[0] + 1e-12).all()
 
 
+@pytest.mark.slow
 def test_one_lambda_update_by_hand_and_it_moves_towards_the_largest_loss(tiny):
     sim = _sim(tiny, "method.gamma_lambda=0.1")
     sim.ctx.round = 1
@@ -115,6 +116,7 @@ def test_uploaders_without_weight_leave_the_model_and_still_raise_their_lambda(t
     assert _close(new["lambda"], [0.45, 0.45, 0.05, 0.05])
 
 
+@pytest.mark.slow
 def test_a_client_reports_the_received_models_train_loss_before_training_and_lambda_follows(tiny):
     sim = _sim(tiny)
     received = {k: sim.method.receive(k, sim.states[k], sim.method.download(sim.server, k)) for k in range(4)}
@@ -132,6 +134,7 @@ def test_a_client_reports_the_received_models_train_loss_before_training_and_lam
     assert int(sim.server["lambda"].argmax()) == int(np.argmax(L))
 
 
+@pytest.mark.slow
 def test_two_rounds_train_and_send_fedavgs_bytes_plus_one_float_up(tiny, capsys):
     sim = _sim(tiny)
     sent = record_uploads(sim)

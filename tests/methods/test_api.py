@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pytest
 import torch
 
 from fedfactor.cli import main
@@ -14,8 +15,29 @@ from fedfactor.methods import METHODS, Method
 
 from ..conftest import record_uploads
 
+# The toy methods are registered for this file's tests only (toy_methods): registered at import time
+# they would stay in the global registry for the rest of the session, and the tests parametrized over
+# every method (tests/test_job.py) would collect them or not depending on which files came first.
+TOYS = {}
 
-@METHODS.register("toy_rep", "test only: FedRep-like, head then body, only the body shared")
+
+def toy(name, description):
+    """Keep a method class to register as `name` while this file's tests run."""
+    def keep(cls):
+        TOYS[name] = (cls, description)
+        return cls
+    return keep
+
+
+@pytest.fixture(autouse=True)
+def toy_methods():
+    with METHODS.scope():
+        for name, (cls, description) in TOYS.items():
+            METHODS.register(name, description)(cls)
+        yield
+
+
+@toy("toy_rep", "test only: FedRep-like, head then body, only the body shared")
 class ToyRep(Method):
     name = "toy_rep"
     defaults = {"head_epochs": 1}
@@ -35,7 +57,7 @@ class ToyRep(Method):
                 Phase(params=body, steps=2)]
 
 
-@METHODS.register("toy_extra", "test only: keeps a visit counter and a val score per client, sends the counter")
+@toy("toy_extra", "test only: keeps a visit counter and a val score per client, sends the counter")
 class ToyExtra(Method):
     name = "toy_extra"
 
@@ -81,6 +103,7 @@ def test_two_phase_method_trains_head_then_body_and_shares_only_the_body(tiny):
     assert torch.equal(received["body.0.weight"], sim.server["global"]["body.0.weight"])
 
 
+@pytest.mark.slow
 def test_extra_client_state_is_kept_sent_counted_and_logged(tmp_path, tiny):
     out = tmp_path / "run"
     sets = [s for s in tiny if not s.startswith("fl.rounds")] + ["fl.rounds=3", "fl.fraction=0.5",
@@ -109,7 +132,7 @@ def test_extra_client_state_is_kept_sent_counted_and_logged(tmp_path, tiny):
     assert first.shape == (4,) and first.sum() == 2 and set(np.flatnonzero(first)) == set(picked[0])
 
 
-@METHODS.register("toy_sparse", "test only: FedAvg that uploads its head weight as a sparse tensor")
+@toy("toy_sparse", "test only: FedAvg that uploads its head weight as a sparse tensor")
 class ToySparse(Method):
     name = "toy_sparse"
 
@@ -127,7 +150,7 @@ class ToySparseDeclared(ToySparse):
     payload_depends_on_values = True
 
 
-METHODS.register("toy_sparse_declared", "test only: toy_sparse that says its payload depends on values")(
+toy("toy_sparse_declared", "test only: toy_sparse that says its payload depends on values")(
     ToySparseDeclared)
 
 
@@ -148,7 +171,7 @@ def test_sparse_uploads_are_counted_as_sent_and_cost_refuses_them(tiny, capsys):
         assert err.count("\n") == 1 and "fedfactor train" in err and name in err
 
 
-@METHODS.register("toy_lowrank_head", "test only: replaces the classifier by a rank-2 product before the run")
+@toy("toy_lowrank_head", "test only: replaces the classifier by a rank-2 product before the run")
 class ToyLowRankHead(Method):
     name = "toy_lowrank_head"
 

@@ -123,6 +123,7 @@ def test_similarity_weights_are_a_softmax_over_the_matched_clients(tiny):
     assert torch.allclose(got["body.0.u"].double(), mix, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_l1_pulls_mu_towards_zero_only_in_paper_mode(tiny):
     sim = _sim(tiny, "method.name=factorized_local", "method.l1=0.01", "method.l1_mode=paper")
     (phase,) = sim.method.plan(0, sim.states[0], {})
@@ -161,6 +162,7 @@ def test_mu_is_pruned_when_evaluated_and_counted_per_round(tiny):
     ("simfed", "factorized_local"),
     ("simfed_no_factorization", "local"),
 ])
+@pytest.mark.slow
 def test_with_one_client_every_method_is_local_training(tiny, name, reference):
     base = [*tiny, "fl.clients=1", "fl.rounds=2"]
     # nothing pruned in transit, and no head reset (factorized_local shares nothing to reset for)
@@ -212,6 +214,7 @@ def test_simfed_reflection_on_three_clients_by_hand(tiny):
     assert server["weights"][0, 2] == 0 and server["weights"][2, 0] == 0  # below tau: excluded
 
 
+@pytest.mark.slow
 def test_simfed_sends_the_criteria_input_once_and_matches_on_embeddings(tiny):
     sim = _sim(tiny, "method.name=simfed", *PERMUTED)
     first = sim.method.download(sim.server, 0)
@@ -226,6 +229,7 @@ def test_simfed_sends_the_criteria_input_once_and_matches_on_embeddings(tiny):
     assert any(k.startswith("head.") for k in shared_head.method.shared)  # 003 reflects heads otherwise
 
 
+@pytest.mark.slow
 def test_random_matching_mixes_the_chosen_number_of_clients(tiny):
     sim = _sim(tiny, "fl.clients=6", "method.name=factorized_fl_random", "method.num_matched=2")
     sim.run_round(1)
@@ -240,6 +244,7 @@ def test_domains_come_from_the_clients_classes(tiny):
     assert _sim(tiny, "method.name=simfed", *PERMUTED).ctx.domains == [0, 0, 0, 0]
 
 
+@pytest.mark.slow
 def test_diagnostics_land_in_the_run_folder(tiny, tmp_path):
     from fedfactor.job import train
 
@@ -287,6 +292,7 @@ def test_alpha_as_run_shares_every_body_entry_but_v_and_mu_and_sends_v_of_the_la
     assert torch.equal(sent[MATCH], state["body.3.v"].reshape(-1))
 
 
+@pytest.mark.slow
 def test_beta_as_run_sends_M_dense_and_counts_all_of_it(tiny):
     sim = _sim(tiny, "method.name=factorized_fl_beta", *PERMUTED)
     sim.run_round(1)
@@ -303,6 +309,7 @@ def test_beta_as_run_sends_M_dense_and_counts_all_of_it(tiny):
 
 
 @pytest.mark.parametrize("permuted,expected", [(False, 4), (True, 2)])
+@pytest.mark.slow
 def test_minimum_aggr_zero_is_the_official_count_all_clients_or_half_under_permuted_labels(tiny, permuted,
                                                                                            expected):
     extra = PERMUTED if permuted else []
@@ -311,6 +318,7 @@ def test_minimum_aggr_zero_is_the_official_count_all_clients_or_half_under_permu
     assert ((sim.server["weights"] > 0).sum(1) == expected).all()
 
 
+@pytest.mark.slow
 def test_head_is_reset_to_the_initial_head_only_where_heads_are_shared(tiny):
     for extra, reset in (([], True), (PERMUTED, False)):
         sim = _sim(tiny, "method.name=factorized_fl_alpha", *extra)
@@ -321,6 +329,7 @@ def test_head_is_reset_to_the_initial_head_only_where_heads_are_shared(tiny):
         assert same == reset
 
 
+@pytest.mark.slow
 def test_a_run_that_matched_nobody_says_so_with_the_best_similarity_against_tau(tiny):
     sim = _sim(tiny, "method.name=factorized_fl_alpha_text", "method.tau=1.5")  # nobody reaches 1.5
     records = sim.run()
@@ -334,6 +343,7 @@ def test_a_run_that_matched_nobody_says_so_with_the_best_similarity_against_tau(
     assert matched.method.run_warnings([r.diagnostics for r in matched.run()]) == []
 
 
+@pytest.mark.slow
 def test_as_run_keeps_each_clients_momentum_across_rounds_and_the_text_restarts_it(tiny):
     sim = _sim(tiny, "method.name=factorized_fl_alpha")
     sim.run_round(1)

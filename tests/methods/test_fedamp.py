@@ -93,6 +93,7 @@ def test_a_large_lambda_keeps_the_client_at_its_cloud_model(tiny):
     assert pulled < 0.05 * start
 
 
+@pytest.mark.slow
 def test_two_rounds_train_the_own_model_and_cost_what_fedavg_costs(tiny, capsys):
     sim = _sim(tiny)
     records = sim.run()

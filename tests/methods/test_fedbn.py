@@ -69,6 +69,7 @@ def test_server_averages_all_but_batchnorm_and_clients_keep_their_own(tiny):
         assert torch.equal(mine[key], states[1][key])  # the client's own, not the mean
 
 
+@pytest.mark.slow
 def test_two_rounds_on_a_batchnorm_model_train_and_send_all_but_batchnorm(tiny, capsys):
     sim = _sim(tiny, "model.name=resnet8")
     records = sim.run()
@@ -87,6 +88,7 @@ def test_two_rounds_on_a_batchnorm_model_train_and_send_all_but_batchnorm(tiny, 
     assert (cost["bytes_up"], cost["bytes_down"]) == (sim.meter.up, sim.meter.down)
 
 
+@pytest.mark.slow
 def test_without_batchnorm_fedbn_is_fedavg_and_says_so(tiny, caplog):
     with caplog.at_level(logging.WARNING, logger="fedfactor"):
         fedbn = _sim(tiny, "fl.rounds=1")

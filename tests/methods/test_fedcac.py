@@ -109,6 +109,7 @@ def test_critical_entries_come_from_the_collaborators_and_the_rest_from_everyone
     assert m.download(later, 1)["head.bias"][:4].tolist() == [2, 2.5, 2, 2]
 
 
+@pytest.mark.slow
 def test_two_rounds_train_and_send_the_model_plus_its_mask(tiny, capsys):
     sim = _sim(tiny)
     records = sim.run()

@@ -22,6 +22,7 @@ def _history(sim):
     return [(r.test.correct.tolist(), r.train_loss, r.bytes_up_round, r.bytes_down_round) for r in sim.run()]
 
 
+@pytest.mark.slow
 def test_e_lora_zero_is_fedavg_round_for_round(tiny):
     """Section 3.4: with E_lora = 0 tau never trains, and FedDecomp is FedAvg with the same seed."""
     run = ["fl.rounds=3", "fl.epochs=2"]
@@ -33,6 +34,7 @@ def test_e_lora_zero_is_fedavg_round_for_round(tiny):
     assert all(torch.count_nonzero(s[f"{n}.tau_b"]) == 0 for s in decomp.states for n in LAYERS)
 
 
+@pytest.mark.slow
 def test_e_global_zero_is_local_low_rank_training_that_sends_nothing(tiny):
     sim = _sim(tiny, "fl.rounds=2", "fl.epochs=2", "method.name=feddecomp", "method.e_lora=2")
     assert sim.method.shared == []
@@ -43,6 +45,7 @@ def test_e_global_zero_is_local_low_rank_training_that_sends_nothing(tiny):
         assert all(torch.count_nonzero(state[f"{n}.tau_b"]) > 0 for n in LAYERS)
 
 
+@pytest.mark.slow
 def test_uploads_are_sigma_and_cost_what_fedavg_sends(tiny):
     sim = _sim(tiny, "fl.rounds=1", "fl.epochs=2", "method.name=feddecomp", "method.e_lora=1")
     m = sim.method
@@ -55,6 +58,7 @@ def test_uploads_are_sigma_and_cost_what_fedavg_sends(tiny):
     assert sim.meter.up == _sim(tiny, "fl.rounds=1", "method.name=fedavg").run()[-1].bytes_up
 
 
+@pytest.mark.slow
 def test_the_cost_command_projects_the_same_bytes(tiny):
     cfg = load_config(None, tiny + ["fl.rounds=3", "fl.epochs=2", "method.name=feddecomp", "method.e_lora=1"])
     dry = Simulator(cfg, dry_run=True)
@@ -64,6 +68,7 @@ def test_the_cost_command_projects_the_same_bytes(tiny):
     assert (dry.meter.up, dry.meter.down) == (real.meter.up, real.meter.down)
 
 
+@pytest.mark.slow
 def test_tau_phase_freezes_sigma_and_batchnorm_affine_then_sigma_phase_freezes_tau(tiny):
     # resnet8 has BatchNorm: its affine parameters belong to sigma, its running statistics update
     sim = _sim(tiny, "model.name=resnet8", "fl.epochs=2", "method.name=feddecomp", "method.e_lora=1")
@@ -116,6 +121,7 @@ def test_receive_keeps_the_clients_own_tau(tiny):
     assert not set(m.download(sim.server, 1)) & TAU
 
 
+@pytest.mark.slow
 def test_reverse_shares_tau_and_keeps_sigma(tiny):
     sim = _sim(tiny, "fl.epochs=2", "fl.rounds=2", "method.name=feddecomp_reverse", "method.e_lora=1")
     m = sim.method
@@ -142,6 +148,7 @@ def test_a_local_head_stays_out_of_the_upload(tiny):
     assert not [k for k in sim.method.shared if k.startswith("head.")]
 
 
+@pytest.mark.slow
 def test_diagnostics_are_the_papers_distances(tiny):
     sim = _sim(tiny, "fl.epochs=2", "method.name=feddecomp", "method.e_lora=1")
     m = sim.method
@@ -167,6 +174,7 @@ def test_diagnostics_are_the_papers_distances(tiny):
     assert logged["feddecomp.delta_tau"] > 0
 
 
+@pytest.mark.slow
 def test_diagnostics_reach_the_metrics_and_start_from_zero_tau(tiny):
     records = _sim(tiny, "fl.epochs=2", "fl.rounds=2", "method.name=feddecomp", "method.e_lora=1").run()
     assert {"feddecomp.sigma_distance", "feddecomp.delta_sigma", "feddecomp.delta_tau"} <= set(records[-1].metrics())
@@ -175,6 +183,7 @@ def test_diagnostics_reach_the_metrics_and_start_from_zero_tau(tiny):
     assert records[-1].diagnostics["feddecomp.delta_tau"] == 0
 
 
+@pytest.mark.slow
 def test_official_style_runs_with_an_absolute_linear_rank(tiny):
     sim = _sim(tiny, "fl.epochs=2", "method.name=feddecomp", "method.style=official", "method.linear_rank=40",
                "method.e_lora=1")

@@ -33,6 +33,7 @@ def _accuracies(sim):
     return [(r.test.correct.tolist(), r.train_loss) for r in sim.run()]
 
 
+@pytest.mark.slow
 def test_tau_minus_inf_everywhere_is_fedavg_round_for_round(tiny):
     every = "method.layers=[1,2,3,4]"
     fedfac = _sim(tiny, "method.name=fedfac", every, "method.tau=-inf", "fl.rounds=3")
@@ -43,6 +44,7 @@ def test_tau_minus_inf_everywhere_is_fedavg_round_for_round(tiny):
         assert torch.equal(kept, value)
 
 
+@pytest.mark.slow
 def test_tau_inf_everywhere_is_local_training_and_sends_nothing(tiny):
     fedfac = _sim(tiny, "method.name=fedfac", "method.layers=[1,2,3,4]", "method.tau=inf", "fl.rounds=3")
     local = _sim(tiny, "method.name=local", "fl.rounds=3")
@@ -51,6 +53,7 @@ def test_tau_inf_everywhere_is_local_training_and_sends_nothing(tiny):
     assert all(torch.equal(a[k], b[k]) for a, b in zip(fedfac.states, local.states) for k in local.ctx.param_keys)
 
 
+@pytest.mark.slow
 def test_server_splits_by_factor_analysis_and_averages_only_shared_units(tiny):
     sim = _sim(tiny, "method.name=fedfac", "method.layers=[3]", "method.tau=50%")
     m = sim.method
@@ -110,6 +113,7 @@ def test_batchnorm_follows_its_conv_and_running_statistics_stay_local(tiny):
     assert "body.6.1.running_mean" in shared_stats.units[8] and "body.0.1.running_var" in shared_stats.shared
 
 
+@pytest.mark.slow
 def test_static_fedfac_analyses_once_then_sends_only_shared_rows(tiny, tmp_path):
     static = _sim(tiny, "method.name=fedfac_static", "fl.rounds=3")
     dynamic = _sim(tiny, "method.name=fedfac", "fl.rounds=3")
@@ -126,6 +130,7 @@ def test_static_fedfac_analyses_once_then_sends_only_shared_rows(tiny, tmp_path)
     assert torch.equal(static.server["mask"]["3"], static.states[1][f"{MASK}3"])
 
 
+@pytest.mark.slow
 def test_random_split_keeps_the_number_of_shared_units(tiny):
     fac = _sim(tiny, "method.name=fedfac", "fl.rounds=1")
     rnd = _sim(tiny, "method.name=fedfac_random", "fl.rounds=1")
@@ -135,6 +140,7 @@ def test_random_split_keeps_the_number_of_shared_units(tiny):
 
 
 @pytest.mark.parametrize("name, group", [("fedfac_mask_shared", True), ("fedfac_mask_personal", False)])
+@pytest.mark.slow
 def test_masking_replaces_one_group_by_standard_normal_values(tiny, name, group):
     sim = _sim(tiny, f"method.name={name}", "fl.rounds=1")
     sim.run()
@@ -148,6 +154,7 @@ def test_masking_replaces_one_group_by_standard_normal_values(tiny, name, group)
     assert torch.equal(got[~rows], kept)
 
 
+@pytest.mark.slow
 def test_new_clients_are_held_out_and_scored_three_ways(tiny):
     sim = _sim(tiny, "method.name=fedfac", "fl.clients=5", "eval.new_clients=0.2")
     assert len(sim.newcomers) == 1 and sim.newcomers[0] not in sim.members
@@ -167,6 +174,7 @@ def test_new_clients_are_held_out_and_scored_three_ways(tiny):
     assert torch.equal(trained["body.0.weight"], received["body.0.weight"])
 
 
+@pytest.mark.slow
 def test_fedavg_scores_new_clients_with_the_global_model_and_fine_tuned(tiny):
     sim = _sim(tiny, "method.name=fedavg", "fl.clients=5", "eval.new_clients=0.4")
     sim.run()
@@ -209,6 +217,7 @@ def test_tau_accepts_numbers_and_quantiles_from_the_command_line(tiny):
     assert load_config(None, tiny + ["method.name=fedfac", "method.layers=17"]).method["layers"] == [17]
 
 
+@pytest.mark.slow
 def test_client_weights_and_split_history_are_kept_for_diagnostics(tiny, tmp_path):
     from fedfactor.job import train
 
@@ -221,6 +230,7 @@ def test_client_weights_and_split_history_are_kept_for_diagnostics(tiny, tmp_pat
     assert len(history) == 2 and set(np.unique(np.load(history[0]))) <= {0, 1}
 
 
+@pytest.mark.slow
 def test_as_run_keeps_every_unit_of_lambda_personal_with_its_bias_and_runs_no_analysis(tiny):
     sim = Simulator(load_config(None, tiny + ["method.name=fedfac", "fl.rounds=2"]))
     m = sim.method

@@ -126,6 +126,7 @@ def test_server_picks_by_affinity_once_epsilon_has_decayed_and_accumulates_the_w
     assert m.peers(server, 1) == m.peers(server, 1)
 
 
+@pytest.mark.slow
 def test_two_rounds_train_and_send_own_plus_three_models_down_and_one_up(tiny, capsys):
     sim = _sim(tiny)
     records = sim.run()
@@ -144,6 +145,7 @@ def test_two_rounds_train_and_send_own_plus_three_models_down_and_one_up(tiny, c
     assert (cost["bytes_up"], cost["bytes_down"]) == (sim.meter.up, sim.meter.down)
 
 
+@pytest.mark.slow
 def test_ten_models_downloaded_cost_six_times_fedavg(tiny):
     """002 Table 5: S2C (H + 1) W, C2S W; for H = 10, (H + 2) / 2 = 6 times FedAvg's 2 W."""
     sets = [s for s in tiny if not s.startswith("fl.clients")] + ["fl.clients=12", "eval.model=trained"]

@@ -48,6 +48,7 @@ def test_server_averages_the_base_by_size_and_clients_keep_their_heads(tiny):
     assert torch.equal(mine["head.weight"], states[0]["head.weight"])  # the client's own, not the mean
 
 
+@pytest.mark.slow
 def test_two_rounds_train_and_send_everything_but_the_head(tiny):
     sim = _sim(tiny)
     records = sim.run()

@@ -57,6 +57,7 @@ def test_server_averages_the_body_by_size_and_clients_keep_their_heads(tiny):
     assert torch.equal(mine["head.weight"], states[1]["head.weight"])
 
 
+@pytest.mark.slow
 def test_two_rounds_train_and_send_only_the_body(tiny):
     sim = _sim(tiny)
     records = sim.run()
@@ -74,6 +75,7 @@ def test_cost_projects_what_a_run_measures(tiny, capsys):
     assert cost["bytes_up"] == cost["bytes_down"] == 2 * 4 * BODY_FLOATS * 4
 
 
+@pytest.mark.slow
 def test_a_new_client_trains_a_head_on_the_received_body(tiny):
     sim = _sim(tiny, "fl.clients=5", "eval.new_clients=0.2", "fl.rounds=1")
     sim.run()

@@ -118,6 +118,7 @@ def test_body_and_generic_head_are_sent_the_personal_head_never_is(tiny):
     assert set(permuted.method.upload(0, permuted.states[0])) == set(permuted.ctx.float_keys) - PHEAD - HEAD
 
 
+@pytest.mark.slow
 def test_two_rounds_train_and_send_what_fedavg_sends(tiny):
     sim = _sim(tiny)
     records = sim.run()

@@ -22,6 +22,8 @@ from fedfactor.fl.simulator import Simulator
 from fedfactor.methods import METHODS
 from fedfactor.workflow import method_sets, run_sets, scenario_overrides
 
+pytestmark = pytest.mark.slow  # a training round per baseline and study protocol
+
 REPO = Path(__file__).resolve().parents[2]
 STUDIES = sorted((REPO / "config" / "studies").glob("*.yaml"))
 # The comparison methods of the papers' tables (registered names).

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from fedfactor.config import load_config
@@ -55,6 +56,7 @@ def test_local_sends_nothing_and_clients_diverge(tiny):
     assert not torch.equal(sim.states[0][key], sim.states[1][key])
 
 
+@pytest.mark.slow
 def test_fedprox_mu_zero_is_fedavg_and_mu_pulls_towards_global(tiny):
     runs = {}
     for name, extra in {"fedavg": [], "prox0": ["method.name=fedprox", "method.mu=0"],

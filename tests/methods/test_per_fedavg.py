@@ -110,6 +110,7 @@ def test_a_round_takes_one_pass_per_epoch_in_groups_of_2_or_3_batches_or_tau_met
     assert calls == [per] * (expected or math.ceil(batches / per))
 
 
+@pytest.mark.slow
 def test_two_rounds_train_and_send_what_fedavg_sends(tiny):
     sim = _sim(tiny)
     sent = record_uploads(sim)

@@ -29,6 +29,7 @@ def _sim(tiny, *extra, dry_run=False):
     return Simulator(load_config(None, tiny + ["method.name=pfedpara", "method.gamma=0.5", *extra]), dry_run=dry_run)
 
 
+@pytest.mark.slow
 def test_upload_is_exactly_the_global_factors_and_bytes_are_what_it_sends(tiny):
     sim = _sim(tiny)
     assert [f.rank for f in hadamard_layers(sim.model).values()] == [2, 18, 51, 4]
@@ -48,6 +49,7 @@ def test_upload_is_exactly_the_global_factors_and_bytes_are_what_it_sends(tiny):
     assert records[-1].test.mean > 0.3 and records[-1].train_loss < records[0].train_loss  # chance: 0.1
 
 
+@pytest.mark.slow
 def test_after_a_round_w1_is_the_weighted_mean_and_w2_the_clients_own(tiny):
     sim = _sim(tiny, "fl.rounds=1")
     init = {k: sim.init[k] for k in PERSONAL}

@@ -83,6 +83,7 @@ def test_the_teacher_is_the_previous_personalised_model_not_the_received_one():
     assert torch.equal(state[TEACHER + "head.bias"], torch.tensor([math.log(3), 0.0]))  # input untouched
 
 
+@pytest.mark.slow
 def test_a_training_mode_teacher_leaves_its_batchnorm_statistics_alone(tiny):
     sim = _sim(tiny, "model.name=resnet8")
     m = sim.method
@@ -113,6 +114,7 @@ def test_teacher_mode_decides_how_batchnorm_normalises_the_teacher(tiny):
     assert evaluate.model.training  # the student's mode is restored
 
 
+@pytest.mark.slow
 def test_two_rounds_train_send_fedavgs_bytes_and_score_the_personalised_model(tiny):
     sim = _sim(tiny)
     sent = record_uploads(sim)

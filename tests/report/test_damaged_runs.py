@@ -101,6 +101,7 @@ def assert_refused(root, command, bad):
 
 
 @pytest.mark.parametrize("command", [*STUDY_COMMANDS, "similarity"])
+@pytest.mark.slow
 def test_the_undamaged_runs_make_every_report(runs, command):
     # the refusals below only mean something if the same folders, undamaged, work
     assert main(["-q", *_argv(runs, command)]) == 0

@@ -26,6 +26,7 @@ def _decomp(dist, dsigma, dtau):
     return {"feddecomp.sigma_distance": dist, "feddecomp.delta_sigma": dsigma, "feddecomp.delta_tau": dtau}
 
 
+@pytest.mark.slow
 def test_decomposition_figure_returns_the_last_rounds_mean_over_seeds(tmp_path):
     _run(tmp_path / "a0", "dir0.1", "feddecomp", 0, _decomp([3.0, 2.0], [1.0, 5.0], [0.0, 4.0]))
     _run(tmp_path / "a1", "dir0.1", "feddecomp", 1, _decomp([3.0, 4.0], [1.0, 7.0], [0.0, 8.0]))
@@ -62,6 +63,7 @@ def _sweep(tmp_path):
         _run(tmp_path / f"fedavg/{seed}", "dir0.1", "fedavg", seed, accuracy=acc)
 
 
+@pytest.mark.slow
 def test_elora_figure_groups_by_e_lora_and_draws_the_others_as_levels(tmp_path):
     _sweep(tmp_path)
     out = tmp_path / "elora.png"
@@ -82,6 +84,7 @@ def test_elora_figure_needs_a_sweep(tmp_path):
         elora_figure([tmp_path], tmp_path / "x.png")
 
 
+@pytest.mark.slow
 def test_cli_kinds(tmp_path, capsys):
     _sweep(tmp_path / "sweep")
     assert main(["-q", "figure", str(tmp_path / "sweep"), "--kind", "elora", "--out", str(tmp_path / "e.png")]) == 0

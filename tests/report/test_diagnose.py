@@ -84,6 +84,7 @@ def test_stability_is_the_share_of_units_unchanged_since_the_previous_round():
     np.testing.assert_array_equal(unit_order(states), [0, 1, 2, 3, 7, 4, 5, 6, 8, 9])
 
 
+@pytest.mark.slow
 def test_diagnose_writes_every_file_and_skips_or_reports_bad_runs(tmp_path, caplog):
     runs = tmp_path / "runs"
     make_run(runs / "fedavg0", seed=0, weights=planted(0))
@@ -145,6 +146,7 @@ def test_diagnose_writes_every_file_and_skips_or_reports_bad_runs(tmp_path, capl
     assert g == pytest.approx(ok.loc[str(runs / "fedavg0"), "eig_share_G"])
 
 
+@pytest.mark.slow
 def test_no_fedfac_run_means_no_split_figures_and_no_analysed_run_still_writes_the_outputs(tmp_path):
     make_run(tmp_path / "runs" / "a", weights=planted(0))
     assert diagnose([tmp_path / "runs"], tmp_path / "out", mlflow=False)["rows"]["G"].notna().all()
@@ -159,6 +161,7 @@ def test_no_fedfac_run_means_no_split_figures_and_no_analysed_run_still_writes_t
     assert "no layer analysed" in (tmp_path / "out2" / "diagnostics.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_damaged_split_history_is_reported_beside_the_analysis(tmp_path):
     run = make_run(tmp_path / "runs" / "f", method="fedfac", weights=planted(0))
     write_history(run, np.ones((2, 12)))
@@ -200,6 +203,7 @@ def _mlflow_run(tmp_path, uri, name, method="fedavg", history=None):
     return run_dir, tracker.run_id
 
 
+@pytest.mark.slow
 def test_numbers_and_figures_land_on_the_runs_own_mlflow_run(tmp_path, monkeypatch, caplog):
     from mlflow import MlflowClient
 
@@ -322,6 +326,7 @@ def test_a_damaged_weights_file_is_an_error_row_naming_it(tmp_path, damage, caps
     assert "unpickled!" not in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_the_other_runs_are_analysed_and_the_command_counts_the_errors(tmp_path, capsys):
     make_run(tmp_path / "runs" / "good", weights=planted(0))
     (make_run(tmp_path / "runs" / "bad", seed=1) / "client_weights.npz").write_bytes(

@@ -32,6 +32,7 @@ def test_curves_tag_runs_and_draw_one_panel_per_scenario(tmp_path):
     assert Image.open(out).text["Title"] == "t"
 
 
+@pytest.mark.slow
 def test_curves_of_runs_on_synthetic_data_say_so(tmp_path):
     _run(tmp_path / "a/fedavg/0", "a", "fedavg", 0, [0.1, 0.2], dataset="digits")
     _run(tmp_path / "a/fedavg/1", "a", "fedavg", 1, [0.3, 0.4], dataset="synthetic:blobs")

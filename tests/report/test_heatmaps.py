@@ -42,6 +42,7 @@ def _run(path, names=("similarity_u", "similarity_v", "matching_counts"), rounds
     return path
 
 
+@pytest.mark.slow
 def test_default_draws_first_middle_last_round_with_counts(tmp_path):
     run = _run(tmp_path / "run")
     (run / "diagnostics/similarity_u/.round_0009.npy.abc.tmp").write_bytes(b"half")  # a killed writer's
@@ -52,6 +53,7 @@ def test_default_draws_first_middle_last_round_with_counts(tmp_path):
     assert Image.open(out).text["Title"] == "s / factorized / seed 0"
 
 
+@pytest.mark.slow
 def test_a_run_on_synthetic_data_is_marked_a_smoke_run(tmp_path):
     run = _run(tmp_path / "run", rounds=[1])
     (run / "summary.json").write_text(json.dumps({"scenario": "s", "method": "factorized", "seed": 0,
@@ -61,23 +63,27 @@ def test_a_run_on_synthetic_data_is_marked_a_smoke_run(tmp_path):
 
 
 @pytest.mark.parametrize("available, chosen", [([1], [1]), ([1, 2], [1, 2]), ([2, 4, 6, 8], [2, 4, 8])])
+@pytest.mark.slow
 def test_default_rounds_are_deduplicated(tmp_path, available, chosen):
     run = _run(tmp_path / "run", rounds=available)
     assert similarity_heatmaps(run, tmp_path / "a.png")["rounds"] == chosen
 
 
+@pytest.mark.slow
 def test_default_rounds_are_those_every_row_has(tmp_path):
     run = _run(tmp_path / "run", names=["similarity_u"], rounds=range(1, 11))
     _run(run, names=["similarity_v"], rounds=[2, 4, 6])
     assert similarity_heatmaps(run, tmp_path / "a.png")["rounds"] == [2, 4, 6]
 
 
+@pytest.mark.slow
 def test_explicit_rounds_in_the_order_given(tmp_path):
     run = _run(tmp_path / "run")
     drawn = similarity_heatmaps(run, tmp_path / "a.png", rounds=[4, 2, 4], title="mine")
     assert drawn["rounds"] == [4, 2]
 
 
+@pytest.mark.slow
 def test_only_v_and_no_counts_or_summary(tmp_path):
     run = _run(tmp_path / "run", names=["similarity_v"], summary=False)
     drawn = similarity_heatmaps(run, tmp_path / "v.png")
@@ -85,6 +91,7 @@ def test_only_v_and_no_counts_or_summary(tmp_path):
     assert (tmp_path / "v.png").read_bytes()[:8] == PNG
 
 
+@pytest.mark.slow
 def test_rows_in_order_u_v_z_and_counts_from_their_own_last_round(tmp_path):
     run = _run(tmp_path / "run", names=["similarity_z", "similarity_u"])
     _run(run, names=["matching_counts"], rounds=[1, 7])
@@ -92,6 +99,7 @@ def test_rows_in_order_u_v_z_and_counts_from_their_own_last_round(tmp_path):
     assert drawn["rows"] == ["similarity_u", "similarity_z"] and drawn["counts_round"] == 7
 
 
+@pytest.mark.slow
 def test_a_damaged_summary_only_costs_the_default_title(tmp_path):
     run = _run(tmp_path / "run")
     (run / "summary.json").write_text("{")
@@ -158,6 +166,7 @@ def test_damaged_matrices_are_one_line_usage_errors(tmp_path, name, content, pat
     assert not (tmp_path / "a.png").exists()
 
 
+@pytest.mark.slow
 def test_cli_writes_the_figure(tmp_path, capsys):
     run = _run(tmp_path / "run")
     out = tmp_path / "fig.png"

@@ -81,6 +81,7 @@ def _check_files(written, names):
     assert not list(written[0].parent.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_plain_runs_give_the_three_figures_each_as_png_and_pdf(tmp_path, drawn):
     _plain(tmp_path / "runs")
     written = study_figures([tmp_path / "runs"], tmp_path / "figs", title="Study A")
@@ -91,6 +92,7 @@ def test_plain_runs_give_the_three_figures_each_as_png_and_pdf(tmp_path, drawn):
     assert Image.open(written[0]).text["Title"] == drawn[0][0]  # the title travels in the file too
 
 
+@pytest.mark.slow
 def test_optional_figures_appear_exactly_when_their_data_is_there(tmp_path):
     _everything(tmp_path / "runs")
     out = tmp_path / "figs"
@@ -104,6 +106,7 @@ def test_optional_figures_appear_exactly_when_their_data_is_there(tmp_path):
     _check_files(study_figures([tmp_path / "runs" / "dir0.1"], out, title="t"), ALWAYS + ("similarity",))
 
 
+@pytest.mark.slow
 def test_one_e_lora_value_is_no_sweep_but_its_diagnostics_are_drawn(tmp_path):
     _run(tmp_path / "runs", "iid", "feddecomp", 0, metrics=["feddecomp.delta_sigma"],
          config={"name": "feddecomp", "e_lora": 1, "training": "alternating"})
@@ -112,6 +115,7 @@ def test_one_e_lora_value_is_no_sweep_but_its_diagnostics_are_drawn(tmp_path):
 
 
 @pytest.mark.parametrize("how", ["dataset", "flag"])
+@pytest.mark.slow
 def test_smoke_runs_are_titled_and_watermarked_in_every_figure(tmp_path, drawn, how):
     if how == "dataset":  # one run on synthetic data is enough
         _everything(tmp_path / "runs")
@@ -154,6 +158,7 @@ def test_bad_input_is_one_usage_error_line_and_writes_nothing(tmp_path, name, co
     assert not (tmp_path / "figs").exists()
 
 
+@pytest.mark.slow
 def test_a_run_label_twice_or_an_out_file_is_refused(tmp_path):
     _run(tmp_path / "a", "iid", "fedavg", 0)
     _run(tmp_path / "b", "iid", "fedavg", 0)

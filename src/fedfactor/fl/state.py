@@ -77,6 +77,7 @@ def tensor_bytes(t: torch.Tensor) -> int:
     torch keeps them in (COO: an int64 index per dimension per value; CSR/CSC: compressed and plain
     index arrays).
     """
+    parts: tuple[torch.Tensor, ...]
     if t.layout == torch.sparse_coo:
         t = t.coalesce()
         parts = (t.values(), t.indices())
