@@ -26,7 +26,12 @@ def test_the_two_commands_install_and_run_the_default_study_and_the_tests():
     assert len(commands) == 2
     study, tests = (c.strip() for c in commands)
     assert "pip install -e ." in study and study.endswith("snakemake --cores all")
-    assert 'pip install -e ".[test]"' in tests and "python -m pytest" in tests
+    assert 'pip install -e ".[test]"' in tests
+    # both tiers, fast first; CI runs exactly these two pytest calls
+    tiers = re.findall(r"python -m pytest [^&]*", tests)
+    assert [t.strip() for t in tiers] == ['python -m pytest -q -n auto -m "not slow"', "python -m pytest -q -n auto -m slow"]
+    ci = (REPO / ".ci" / "run").read_text()
+    assert all(t.strip() in ci for t in tiers)
 
 
 def test_the_default_study_table_has_every_method_and_scenario_of_config_yaml():
