@@ -235,7 +235,7 @@ def cmd_table(args) -> None:
 
     skipped = None
     if args.study:
-        from .report.study import load_study
+        from .report.spec import load_study
 
         skipped = {k: m.name for k, m in load_study(args.study).methods.items() if not m.implemented}
     runs = collect(args.runs)
@@ -245,7 +245,7 @@ def cmd_table(args) -> None:
 
 def cmd_study_spec(args) -> None:
     from .io import atomic_write_json
-    from .report.study import check_spec
+    from .report.spec import check_spec
 
     try:
         raw = json.loads(args.json)
@@ -263,7 +263,7 @@ def cmd_study_spec(args) -> None:
 
 def cmd_paper_tables(args) -> None:
     from .report.paper import paper_tables
-    from .report.study import load_study
+    from .report.spec import load_study
 
     paper_tables(load_study(args.study), args.runs, Path(args.out))
     print(f"paper tables -> {args.out}")
@@ -271,7 +271,7 @@ def cmd_paper_tables(args) -> None:
 
 def cmd_claims(args) -> None:
     from .report.claims import evaluate_claims
-    from .report.study import load_study
+    from .report.spec import load_study
 
     verdicts = evaluate_claims(load_study(args.study), args.runs, Path(args.out))
     print(verdicts.to_string(index=False))

@@ -1,4 +1,4 @@
-"""Tests for fedfactor.models.vision: FedFac's ResNet-18, VGG-16 and FEMNIST CNN, ImageNet weights."""
+"""Tests for fedfactor.models.vision and .pretrained: FedFac's ResNet-18, VGG-16 and FEMNIST CNN, ImageNet weights."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch import nn
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
 from fedfactor.models import build_model, femnist_cnn_min_input, weight_layers
-from fedfactor.models.vision import cached_weights_path, imagenet_weights
+from fedfactor.models.pretrained import cached_weights_path, imagenet_weights
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,9 @@ import yaml
 
 from fedfactor.errors import UsageError
 from fedfactor.methods import METHODS
-from fedfactor.report.study import PaperSpec, StudySpec, check_study_sections, load_runs, load_study
+from fedfactor.report.cells import load_runs
+from fedfactor.report.spec import PaperSpec, StudySpec, load_study
+from fedfactor.report.study import check_study_sections
 from fedfactor.workflow import implemented, study_spec
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,10 +19,10 @@ from typing import Callable, Sequence
 import pandas as pd
 
 from ..io import atomic_write_text
+from .cells import NoValue, Quantity, StudyRuns, Values, is_smoke, load_runs, read_values
 from .paper import html_page
-from .study import (SMOKE_COLUMN, SMOKE_TITLE, BestClaim, CloseClaim, DropClaim, NoValue, OrderClaim, Quantity,
-                    RatioClaim, Side, StudyRuns, StudySpec, Values, is_smoke, load_runs, protocol_words,
-                    read_values, unit_of, with_text_variants)
+from .spec import (SMOKE_COLUMN, SMOKE_TITLE, BestClaim, CloseClaim, DropClaim, OrderClaim, RatioClaim, Side, StudySpec,
+                   protocol_words, unit_of, with_text_variants)
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
