@@ -134,7 +134,7 @@ MAX_COST_UPDATES = 500_000
 def cmd_cost(args) -> None:
     import math
 
-    from .fl.simulator import Simulator
+    from .simulator import Simulator
 
     cfg = _config(args)
     updates = cfg.fl.rounds * math.ceil(cfg.fl.fraction * cfg.fl.clients)
@@ -160,7 +160,7 @@ def cmd_cost(args) -> None:
 
 def cmd_partition(args) -> None:
     from .data import load_dataset
-    from .fl.simulator import build_partition
+    from .simulator import build_partition
 
     cfg = _config(args)
     ds = load_dataset(cfg.data.name, cfg.data.root, download=cfg.data.download)
@@ -354,7 +354,7 @@ def _progress(run, study, elapsed: float | None) -> None:
 
 
 def cmd_simulate(args) -> None:
-    from .analysis.simulation import load_simulation_config, simulate
+    from .report.simulation import load_simulation_config, simulate
 
     md = simulate(load_simulation_config(args.config, args.overrides), Path(args.out))
     print(md)
