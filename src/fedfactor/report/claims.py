@@ -1,6 +1,6 @@
 """The papers' qualitative claims checked on our runs: one verdict per claim of a study.
 
-Claims are data (the `claims` section of a study YAML, see study.py). Each is evaluated on the means
+Claims are data (the `claims` section of a study YAML, see spec.py). Each is evaluated on the means
 over seeds; the report gives the observed numbers, the condition, the number of seeds and how many
 seeds agree on their own. Verdicts: `reproduced`, `not reproduced`, or `not run` when a needed run is
 missing or a method is not implemented yet (the `missing` column says which).

@@ -4,7 +4,7 @@ in the paper's unit.
 
 `paper_tables(study, summaries, out_dir)` writes paper.md, paper.csv (one row per cell), paper.tex and
 paper.html (self-contained, for the Snakemake report). The mapping from our scenarios and method labels
-to the paper's columns and rows is the study's `paper` section (see study.py); the paper's numbers are
+to the paper's columns and rows is the study's `paper` section (see spec.py); the paper's numbers are
 the CSVs in config/paper_numbers/ (format in its README).
 """
 
