@@ -87,7 +87,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from fedfactor.config import load_config
-    from fedfactor.fl.simulator import Simulator
+    from fedfactor.simulator import Simulator
 
     torch.set_num_threads(spec["threads"])
     if spec.get("baseline"):  # the interpreter, torch and fedfactor alone: what every child pays

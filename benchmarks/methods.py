@@ -169,7 +169,7 @@ def method_sets(setting: Setting, label: str) -> list[str]:
 def compare(setting: Setting, repeats: int, device: str) -> Outcome:
     """Build every method of the setting, then time `repeats` interleaved rounds after a warm-up round."""
     from fedfactor.config import load_config
-    from fedfactor.fl.simulator import Simulator
+    from fedfactor.simulator import Simulator
 
     out = Outcome()
     sims = {}

@@ -67,7 +67,7 @@ def child(marks_file: str, command: str, train_args: list[str]) -> int:
     functions the job calls anyway are wrapped."""
     import fedfactor.job as job  # exactly what `fedfactor train` imports before it trains
     from fedfactor import cli
-    from fedfactor.fl import simulator
+    from fedfactor import simulator
 
     marks: dict[str, Any] = {"runs": []}
 

@@ -20,7 +20,7 @@ import torch
 from fedfactor.config import load_config
 from fedfactor.errors import Interrupted, RunFailed, UsageError
 from fedfactor.fl.batched import BatchedTrainer
-from fedfactor.fl.simulator import Simulator
+from fedfactor.simulator import Simulator
 from fedfactor.fl.train import Diverged, Trainer
 from fedfactor.io import check_output
 from fedfactor.job import CHECKPOINT, finished_summary, train, train_runs

@@ -92,7 +92,7 @@ def test_prepare_data_archives(case, tmp_path, templates):
 
 @cases_of(probe.COUNTS)
 def test_counts_and_bounds(case, tmp_path, templates, monkeypatch):
-    from fedfactor.fl.simulator import Simulator
+    from fedfactor.simulator import Simulator
 
     def trains(self, rnd):
         raise AssertionError(f"{case.id}: round {rnd} started; the count must be refused before training")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fedfactor.config import load_config
-from fedfactor.fl.simulator import build_partition
+from fedfactor.simulator import build_partition
 from fedfactor.workflow import partition_sets, study_folder
 
 REPO = Path(__file__).resolve().parents[1]

@@ -134,7 +134,7 @@ MAX_COST_UPDATES = 500_000
 def cmd_cost(args) -> None:
     import math
 
-    from .fl.simulator import Simulator
+    from .simulator import Simulator
 
     cfg = _config(args)
     updates = cfg.fl.rounds * math.ceil(cfg.fl.fraction * cfg.fl.clients)
@@ -160,7 +160,7 @@ def cmd_cost(args) -> None:
 
 def cmd_partition(args) -> None:
     from .data import load_dataset
-    from .fl.simulator import build_partition
+    from .simulator import build_partition
 
     cfg = _config(args)
     ds = load_dataset(cfg.data.name, cfg.data.root, download=cfg.data.download)
@@ -235,7 +235,7 @@ def cmd_table(args) -> None:
 
     skipped = None
     if args.study:
-        from .report.study import load_study
+        from .report.spec import load_study
 
         skipped = {k: m.name for k, m in load_study(args.study).methods.items() if not m.implemented}
     runs = collect(args.runs)
@@ -245,7 +245,7 @@ def cmd_table(args) -> None:
 
 def cmd_study_spec(args) -> None:
     from .io import atomic_write_json
-    from .report.study import check_spec
+    from .report.spec import check_spec
 
     try:
         raw = json.loads(args.json)
@@ -263,7 +263,7 @@ def cmd_study_spec(args) -> None:
 
 def cmd_paper_tables(args) -> None:
     from .report.paper import paper_tables
-    from .report.study import load_study
+    from .report.spec import load_study
 
     paper_tables(load_study(args.study), args.runs, Path(args.out))
     print(f"paper tables -> {args.out}")
@@ -271,7 +271,7 @@ def cmd_paper_tables(args) -> None:
 
 def cmd_claims(args) -> None:
     from .report.claims import evaluate_claims
-    from .report.study import load_study
+    from .report.spec import load_study
 
     verdicts = evaluate_claims(load_study(args.study), args.runs, Path(args.out))
     print(verdicts.to_string(index=False))
@@ -354,7 +354,7 @@ def _progress(run, study, elapsed: float | None) -> None:
 
 
 def cmd_simulate(args) -> None:
-    from .analysis.simulation import load_simulation_config, simulate
+    from .report.simulation import load_simulation_config, simulate
 
     md = simulate(load_simulation_config(args.config, args.overrides), Path(args.out))
     print(md)

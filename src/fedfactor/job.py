@@ -34,7 +34,7 @@ import yaml
 from . import __version__
 from .config import Config, flatten
 from .errors import Interrupted, RunFailed, UsageError
-from .fl.simulator import ACCURACY_FIELDS, RoundRecord, Simulator, summarize
+from .simulator import ACCURACY_FIELDS, RoundRecord, Simulator, summarize
 from .models.layers import effective_weight, layer_entries
 from .io import (atomic_open, atomic_write_json, atomic_write_npy, atomic_write_text, check_output, folder_lock,
                  remove_stale_temporaries)

@@ -9,7 +9,7 @@ import torch
 
 from fedfactor.cli import main
 from fedfactor.config import load_config
-from fedfactor.fl.simulator import Simulator
+from fedfactor.simulator import Simulator
 from fedfactor.fl.train import Optim, Phase
 from fedfactor.methods import METHODS, Method
 

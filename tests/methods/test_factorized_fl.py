@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fedfactor.config import load_config
-from fedfactor.fl.simulator import Simulator
+from fedfactor.simulator import Simulator
 from fedfactor.methods import METHODS
 from fedfactor.methods.factorized_fl import BITS, MATCH, VALUES
 from fedfactor.methods.simfed import CRITERIA

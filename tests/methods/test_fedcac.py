@@ -6,7 +6,7 @@ import torch
 from fedfactor.cli import main
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
-from fedfactor.fl.simulator import Simulator
+from fedfactor.simulator import Simulator
 from fedfactor.methods.fedcac import MASK, collaborators, critical_mask, overlaps, pack_mask, unpack_mask
 
 CNN_FLOATS = 188810  # every float entry of the tiny cnn (digits, 10 classes); it has no BatchNorm

@@ -3,7 +3,7 @@ import torch
 
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
-from fedfactor.fl.simulator import Simulator
+from fedfactor.simulator import Simulator
 from fedfactor.methods import METHODS
 from fedfactor.models import build_model
 

@@ -5,7 +5,7 @@ import torch
 from fedfactor.analysis.factor import factor_analysis, split, unit_matrix
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
-from fedfactor.fl.simulator import Simulator
+from fedfactor.simulator import Simulator
 from fedfactor.fl.train import Phase
 from fedfactor.methods.fedfac import MASK
 

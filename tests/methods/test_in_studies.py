@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from fedfactor.config import load_config
-from fedfactor.fl.simulator import Simulator
+from fedfactor.simulator import Simulator
 from fedfactor.methods import METHODS
 from fedfactor.workflow import method_sets, run_sets, scenario_overrides
 

@@ -8,7 +8,7 @@ import torch
 from fedfactor.cli import main
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
-from fedfactor.fl.simulator import Simulator
+from fedfactor.simulator import Simulator
 from fedfactor.nn import hadamard_layers
 
 from ..conftest import record_uploads

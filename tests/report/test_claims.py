@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from fedfactor.report.claims import evaluate_claims
-from fedfactor.report.study import SMOKE_COLUMN, SMOKE_TITLE, StudySpec
+from fedfactor.report.spec import SMOKE_COLUMN, SMOKE_TITLE, StudySpec
 
 PROTOCOL = {"test_pool": "client", "model": "received", "report": "best_weighted"}
 

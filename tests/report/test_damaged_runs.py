@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from fedfactor.cli import main
-from fedfactor.report.study import StudySpec
+from fedfactor.report.spec import StudySpec
 
 from ..conftest import write_content
 

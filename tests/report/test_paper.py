@@ -7,7 +7,7 @@ import pytest
 
 from fedfactor.errors import UsageError
 from fedfactor.report.paper import paper_tables, read_numbers, resolve_tables
-from fedfactor.report.study import SMOKE_COLUMN, SMOKE_TITLE, PaperSpec, StudySpec
+from fedfactor.report.spec import SMOKE_COLUMN, SMOKE_TITLE, PaperSpec, StudySpec
 
 REPO_NUMBERS = __import__("pathlib").Path(__file__).resolve().parents[2] / "config" / "paper_numbers"
 LAST = {"test_pool": "shared", "model": "trained", "report": "last"}

@@ -1,5 +1,5 @@
-"""study.json and the `paper` / `claims` sections of the study YAMLs: schema, messages, runs, and every
-study file in config/studies/ checked against the paper CSVs it names."""
+"""The `paper` / `claims` sections of the study YAMLs (report/study.py): every study file in
+config/studies/ checked against the paper CSVs it names, and the study.json the workflow writes from it."""
 
 import json
 import re
@@ -10,7 +10,8 @@ import yaml
 
 from fedfactor.errors import UsageError
 from fedfactor.methods import METHODS
-from fedfactor.report.study import PaperSpec, StudySpec, check_study_sections, load_runs, load_study
+from fedfactor.report.spec import StudySpec
+from fedfactor.report.study import check_study_sections
 from fedfactor.workflow import implemented, study_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,97 +20,6 @@ STUDIES = sorted((REPO / "config" / "studies").glob("*.yaml"))
 NO_PAPER_TABLE = {"factorized_fl_ablations", "feddecomp_elora_digits"}  # figures only, no transcribed numbers
 # not a paper result: every method of the papers' tables on digits, like the default study
 NOT_A_PAPER_STUDY = {"default_grid"}
-PROTOCOL = {"test_pool": "client", "model": "received", "report": "best"}
-
-
-def _doc(**changes):
-    doc = {
-        "study": "toy", "title": "toy study", "smoke": False, "seeds": [0, 1], "scenarios": ["s1", "s2"],
-        "methods": {"a": {"name": "fedavg", "implemented": True}, "b": {"name": "fedper", "implemented": False}},
-        "claims": [{"id": "c1", "claim": "a beats b", "source": "Table 1", "kind": "order", "a": "a", "b": "b",
-                    "scenarios": ["s1"]}],
-    }
-    doc.update(changes)
-    return doc
-
-
-def _load(tmp_path, doc):
-    path = tmp_path / "study.json"
-    path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
-    return load_study(path)
-
-
-def test_a_study_file_loads(tmp_path):
-    study = _load(tmp_path, _doc())
-    assert study.methods["b"].implemented is False and study.paper is None
-    assert study.claims[0].a[0].method == "a" and study.claims[0].margin == 0
-
-
-BAD = [  # (change to a valid study.json, what the one-line message says)
-    ("{", "cannot read study file"),
-    (_doc(title=None), "title: input should be a valid string"),
-    ({k: v for k, v in _doc().items() if k != "smoke"}, "smoke: missing"),
-    (_doc(seeds=["1"]), r"seeds.0: input should be a valid integer \(got '1'\)"),
-    (_doc(extra=1), "extra: unknown key"),
-    (_doc(methods={"a": {"name": "fedavg"}}), "methods.a.implemented: missing"),
-    (_doc(claims=[{"id": "c1", "claim": "x", "source": "y", "kind": "bigger"}]),
-     "claims.0: `kind` must be one of order, ratio, drop, close, best"),
-    (_doc(claims=[{"id": "c1", "claim": "x", "source": "y", "kind": "order", "a": "a", "b": "b", "scenarios": "s1",
-                   "margin": "1"}]), r"claims.0.margin: input should be a valid number \(got '1'\)"),
-    (_doc(claims=[{"id": "c1", "claim": "x", "source": "y", "kind": "order", "a": "a", "b": "zz", "scenarios": "s1"}]),
-     r"claim 'c1' names method 'zz', which the study does not list \(a, b\)"),
-    (_doc(claims=[{"id": "c1", "claim": "x", "source": "y", "kind": "drop", "method": "a", "from": "s1", "to": "s9"}]),
-     "claim 'c1' names scenario 's9'"),
-    (_doc(claims=[{"id": "c1", "claim": "x", "source": "y", "kind": "drop", "method": "a", "from": ["s1", "s2"],
-                   "to": "s2"}]), "`from` and `to` pair scenarios one to one: 2 vs 1 given"),
-    (_doc(claims=[{"id": "c1", "claim": "x", "source": "y", "kind": "ratio", "a": "a", "b": "b", "scenarios": "s1"}]),
-     "ratio claim 'c1' needs `min`, `max` or both"),
-    (_doc(claims=[{"id": "c1", "claim": "x", "source": "y", "kind": "close", "tolerance": 1, "a": "a", "b": "b",
-                   "method": "a", "from": "s1", "to": "s2", "scenarios": "s1"}]),
-     "give either a, b and scenarios, or method, from and to"),
-    (_doc(claims=[{"id": "c1", "claim": "x", "source": "y", "kind": "best", "method": "a", "among": ["a", "b"],
-                   "scenarios": "s1"}]), "`among` lists the method itself"),
-    (_doc(claims=[{"id": "c1", "claim": "x", "source": "y", "kind": "order", "a": "a",
-                   "b": {"method": "b", "metric": "bytes"}, "scenarios": "s1"}]), "compares accuracies with bytes"),
-    (_doc(claims=[*_doc()["claims"], *_doc()["claims"]]), "claim ids repeat: c1"),
-    (_doc(paper={"name": "P", "tables": [{"csv": "t.csv", "metric": "cost_gb", "dataset": "D",
-                                          "scenarios": {"s1": {"setting": "X", "clients": [0]}},
-                                          "methods": {"a": "A"}}]}),
-     "`clients` picks accuracies; this table's metric is cost_gb"),
-    (_doc(paper={"name": "P", "tables": [{"csv": "t.csv", "metric": "accuracy_pct", "dataset": "D",
-                                          "scenarios": {"s1": {"setting": "X", "clients": [0]}},
-                                          "methods": {"a": {"method": "A", "new_clients": "ensemble"}}}]}),
-     r"per-client columns \(`clients`\) or new-client strategies \(`new_clients`\), not both"),
-    (_doc(paper={"name": "P", "tables": [{"csv": "t.csv", "metric": "accuracy_pct", "scenarios": {"s1": "X"},
-                                          "methods": {"a": "A"}}]}),
-     "scenario 's1' names no dataset"),
-    (_doc(paper={"name": "P", "tables": [{"csv": "t.csv", "metric": "accuracy_pct", "dataset": "D",
-                                          "scenarios": {"s1": "X"}, "methods": {"zz": "A"}}]}),
-     r"paper.tables\[0\] names method 'zz'"),
-    (_doc(paper={"name": "P", "tables": [{"csv": "../t.csv", "metric": "accuracy_pct", "dataset": "D",
-                                          "scenarios": {"s1": "X"}, "methods": {"a": "A"}}]}),
-     "paper.tables.0.csv: string should match pattern"),
-]
-
-
-@pytest.mark.parametrize("doc, message", BAD, ids=[m for _, m in BAD])
-def test_a_bad_study_file_is_one_clear_line(tmp_path, doc, message):
-    with pytest.raises(UsageError, match=message) as err:
-        _load(tmp_path, doc)
-    assert "\n" not in str(err.value) and str(err.value).count("study") >= 1
-
-
-def test_shorthands_of_the_paper_section():
-    paper = PaperSpec.model_validate({"name": "P", "tables": [{
-        "csv": "t.csv", "metric": "accuracy_pct", "dataset": "D",
-        "scenarios": {"s1": "Standard IID", "s2": {"setting": "A; B"}, "s3": [{"setting": "H"}, {"setting": "G"}]},
-        "methods": {"a": "FedAvg", "b": {"method": "FedDecomp", "setting": "R_l=20%"},
-                    "c": ["FedAvg", {"method": "FedAvg+", "new_clients": "finetune"}]}}]})
-    t = paper.tables[0]
-    assert t.metric == ["accuracy_pct"] and paper.numbers == "config/paper_numbers"
-    assert [c.setting for c in t.scenarios["s1"]] == ["Standard IID"]
-    assert [c.setting for c in t.scenarios["s3"]] == ["H", "G"]
-    assert [r.method for r in t.methods["c"]] == ["FedAvg", "FedAvg+"] and t.methods["b"][0].setting == "R_l=20%"
 
 
 def _study_json(config):
@@ -125,51 +35,6 @@ def test_the_workflows_study_json_marks_what_is_implemented_and_keeps_the_sectio
     assert study.methods["fedavg"].implemented and study.methods["fedfomo"].implemented
     assert not study.methods["later"].implemented
     assert len(study.claims) == len(config["claims"]) and len(study.paper.tables) == 1
-
-
-def _summary(path, scenario, method, seed, protocol=PROTOCOL, dataset="cifar10"):
-    path.mkdir(parents=True)
-    (path / "summary.json").write_text(json.dumps({
-        "scenario": scenario, "method": method, "seed": seed, "accuracy": 0.5, "accuracy_mean": 0.5,
-        "accuracy_best_mean": 0.5, "accuracy_weighted": 0.5, "bytes_total": 10, "rounds": 2, "clients": 4,
-        "protocol": protocol, "dataset": dataset}))
-
-
-def test_runs_are_keyed_by_the_folder_label(tmp_path):
-    """summary.json's `method` is the registered name, which labels share (rc20_rl20 ... are all feddecomp)."""
-    study = StudySpec.model_validate(_doc(methods={
-        "feddecomp": {"name": "feddecomp", "implemented": True},
-        "feddecomp_official": {"name": "feddecomp", "implemented": True}}, claims=[]))
-    runs = tmp_path / "runs"
-    _summary(runs / "s1" / "feddecomp_official" / "seed1", "s1", "feddecomp", 1)
-    _summary(runs / "s1" / "feddecomp_official" / "seed0", "s1", "feddecomp", 0)
-    _summary(runs / "s1" / "feddecomp" / "seed0", "s1", "feddecomp", 0)
-    _summary(tmp_path / "loose", "s2", "feddecomp", 0)  # not in the workflow's layout: its summary's method
-    _summary(runs / "s9" / "feddecomp" / "seed0", "s9", "feddecomp", 0)  # a scenario the study does not list
-    _summary(runs / "s1" / "retired" / "seed0", "s1", "feddecomp", 0)  # a label the study no longer lists
-    loaded = load_runs(study, [runs, tmp_path / "loose" / "summary.json"])
-    assert [r.seed for r in loaded.cells[("s1", "feddecomp_official")]] == [0, 1]
-    assert len(loaded.cells[("s1", "feddecomp")]) == 1 and len(loaded.cells[("s2", "feddecomp")]) == 1
-    assert loaded.ignored == 2 and loaded.protocol.report == "best" and not loaded.synthetic
-    # the same run twice (a folder and its file) counts once
-    again = load_runs(study, [runs, runs / "s1" / "feddecomp" / "seed0" / "summary.json"])
-    assert len(again.cells[("s1", "feddecomp")]) == 1
-
-
-def test_runs_that_cannot_go_together_are_refused(tmp_path):
-    study = StudySpec.model_validate(_doc(claims=[]))
-    _summary(tmp_path / "x" / "s1" / "a" / "seed0", "s1", "fedavg", 0)
-    _summary(tmp_path / "y" / "s1" / "a" / "seed0", "s1", "fedavg", 0)
-    with pytest.raises(UsageError, match="two runs of scenario s1, method a, seed 0"):
-        load_runs(study, [tmp_path / "x", tmp_path / "y"])
-    _summary(tmp_path / "z" / "s2" / "a" / "seed0", "s2", "fedavg", 0, protocol={**PROTOCOL, "report": "last"})
-    with pytest.raises(UsageError, match="different evaluation protocols"):
-        load_runs(study, [tmp_path / "x", tmp_path / "z"])
-    _summary(tmp_path / "w" / "s1" / "a" / "seed0", "s1", "fedprox", 0)
-    with pytest.raises(UsageError, match="filed under method 'a' but its summary says 'fedprox'"):
-        load_runs(study, [tmp_path / "w"])
-    _summary(tmp_path / "v" / "s1" / "a" / "seed1", "s1", "a", 1, dataset="synthetic:cifar10")
-    assert load_runs(study, [tmp_path / "v"]).synthetic
 
 
 def test_check_study_sections_names_the_problem():

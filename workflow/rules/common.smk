@@ -4,7 +4,8 @@ import shlex
 
 from snakemake.settings.types import DeploymentMethod
 
-from fedfactor.report.study import SMOKE_TITLE, check_spec, check_study_sections
+from fedfactor.report.spec import SMOKE_TITLE, check_spec
+from fedfactor.report.study import check_study_sections
 from fedfactor.workflow import (check_overrides, check_runs, dataset_name, implemented, method_sets, partition_sets,
                                 run_sets, scenario_overrides, selected, slug, study_folder, study_spec)
 

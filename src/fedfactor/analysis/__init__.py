@@ -1,1 +1,1 @@
-"""Analyses of client weights: similarity matrices (and, later, factor analysis)."""
+"""Mathematics on client weights: similarity matrices and mixing weights, factor analysis (factor.py)."""

@@ -1,1 +1,1 @@
-"""The federated simulator: state helpers, communication meter, local training, the round loop."""
+"""The federated primitives: state helpers, communication meter, local training (the round loop: simulator.py)."""

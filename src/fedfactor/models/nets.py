@@ -6,31 +6,11 @@ Every model keeps its classifier in `self.head` (a final nn.Linear) and everythi
 
 from __future__ import annotations
 
-import numbers
-from typing import Callable
-
 import torch
 from torch import nn
 
 from ..errors import UsageError
-from ..registry import Registry
-
-ModelFactory = Callable[[int, int, int, int], nn.Module]
-MODELS: Registry[ModelFactory] = Registry("model")
-
-
-class HeadedModel(nn.Module):
-    """body (features) -> head (nn.Linear classifier)."""
-
-    head_name = "head"
-
-    def __init__(self, body: nn.Module, head: nn.Linear):
-        super().__init__()
-        self.body = body
-        self.head = head
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.body(x))
+from .registry import MODELS, HeadedModel
 
 
 def conv_bn(
@@ -127,26 +107,3 @@ def mlp(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
         nn.Flatten(), nn.Linear(channels * height * width, 200), nn.ReLU()
     )
     return HeadedModel(body, nn.Linear(200, num_classes))
-
-
-def build_model(
-    name: str, channels: int, height: int, width: int, num_classes: int, pretrained: bool = False
-) -> nn.Module:
-    """Build a freshly initialised model; the caller seeds torch beforehand.
-
-    pretrained: load torchvision's ImageNet weights into all but the head (resnet18, vgg16 only).
-    """
-    # vision.py registers its models in MODELS, so it imports this module: import it at call time
-    from .vision import check_pretrained, load_imagenet_weights
-
-    factory = MODELS.get(name)
-    sizes = {"channels": channels, "height": height, "width": width, "num_classes": num_classes}
-    for what, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise UsageError(f"model {what} must be an integer >= 1 (got {value!r})")
-    if pretrained:
-        check_pretrained(name, channels)
-    model = factory(*(int(v) for v in sizes.values()))
-    if pretrained:
-        load_imagenet_weights(name, model)
-    return model

@@ -18,7 +18,7 @@ from collections import OrderedDict
 
 from torch import nn
 
-from .nets import MODELS, HeadedModel
+from .registry import MODELS, HeadedModel
 
 
 def _stem(channels: int, style: str) -> list[tuple[str, nn.Module]]:

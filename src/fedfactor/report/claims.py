@@ -1,6 +1,6 @@
 """The papers' qualitative claims checked on our runs: one verdict per claim of a study.
 
-Claims are data (the `claims` section of a study YAML, see study.py). Each is evaluated on the means
+Claims are data (the `claims` section of a study YAML, see spec.py). Each is evaluated on the means
 over seeds; the report gives the observed numbers, the condition, the number of seeds and how many
 seeds agree on their own. Verdicts: `reproduced`, `not reproduced`, or `not run` when a needed run is
 missing or a method is not implemented yet (the `missing` column says which).
@@ -19,10 +19,10 @@ from typing import Callable, Sequence
 import pandas as pd
 
 from ..io import atomic_write_text
+from .cells import NoValue, Quantity, StudyRuns, Values, is_smoke, load_runs, read_values
 from .paper import html_page
-from .study import (SMOKE_COLUMN, SMOKE_TITLE, BestClaim, CloseClaim, DropClaim, NoValue, OrderClaim, Quantity,
-                    RatioClaim, Side, StudyRuns, StudySpec, Values, is_smoke, load_runs, protocol_words,
-                    read_values, unit_of, with_text_variants)
+from .spec import (SMOKE_COLUMN, SMOKE_TITLE, BestClaim, CloseClaim, DropClaim, OrderClaim, RatioClaim, Side, StudySpec,
+                   protocol_words, unit_of, with_text_variants)
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"

@@ -4,7 +4,7 @@ in the paper's unit.
 
 `paper_tables(study, summaries, out_dir)` writes paper.md, paper.csv (one row per cell), paper.tex and
 paper.html (self-contained, for the Snakemake report). The mapping from our scenarios and method labels
-to the paper's columns and rows is the study's `paper` section (see study.py); the paper's numbers are
+to the paper's columns and rows is the study's `paper` section (see spec.py); the paper's numbers are
 the CSVs in config/paper_numbers/ (format in its README).
 """
 
@@ -22,8 +22,9 @@ import pandas as pd
 
 from ..errors import UsageError
 from ..io import atomic_write_text
-from .study import (SMOKE_COLUMN, SMOKE_TITLE, NoValue, PaperSpec, PaperTable, Quantity, StudyRuns, StudySpec,
-                    Values, _parts, is_smoke, load_runs, numbers_folder, protocol_words, read_values)
+from .cells import NoValue, Quantity, StudyRuns, Values, is_smoke, load_runs, read_values
+from .spec import (SMOKE_COLUMN, SMOKE_TITLE, PaperSpec, PaperTable, StudySpec, _parts, numbers_folder,
+                   protocol_words)
 
 CSV_COLUMNS = ["paper", "table", "dataset", "setting", "method", "metric", "value", "std", "note"]
 UNITS = {"accuracy_pct": "accuracy [%]", "accuracy_frac": "accuracy [fraction]", "cost_gb": "communication [GB]"}

@@ -10,15 +10,7 @@ import pandas as pd
 from ..errors import UsageError
 from ..io import atomic_write_text
 from .runs import TableRun, find_summaries, read_summary
-from .study import SMOKE_TITLE
-
-
-PROTOCOL_WORDS = {
-    "client": "on its own test split", "shared": "on the pooled test split through its own label map",
-    "received": "model as received from the server", "trained": "model after its local training",
-    "last": "last round", "best": "best round of the mean", "best_weighted": "best round of the test-size-weighted mean",
-    "best_val": "round best on validation",
-}
+from .spec import PROTOCOL_WORDS, SMOKE_TITLE
 
 
 def collect(paths: list[str | Path]) -> pd.DataFrame:

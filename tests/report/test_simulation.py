@@ -1,4 +1,4 @@
-"""Tests for fedfactor.analysis.simulation: FedFac's simulation study (paper 001, section 4.3)."""
+"""Tests for fedfactor.report.simulation: FedFac's simulation study (paper 001, section 4.3)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from fedfactor.analysis.simulation import (aggregate, fa_mask, generate, init_mlp, load_simulation_config,
+from fedfactor.report.simulation import (aggregate, fa_mask, generate, init_mlp, load_simulation_config,
                                            local_train, loss_and_grads, run_setting, settings_of)
 from fedfactor.cli import main
 from fedfactor.errors import UsageError

@@ -17,7 +17,7 @@ import torch
 from fedfactor.config import load_config
 from fedfactor.data.partition import Partition, labels_sha1
 from fedfactor.errors import UsageError
-from fedfactor.fl.simulator import RoundRecord, Scores, Simulator, round_loss, summarize
+from fedfactor.simulator import RoundRecord, Scores, Simulator, round_loss, summarize
 from fedfactor.fl.train import TrainLoss
 
 TEST_COUNTS = [1, 2, 3, 4]  # official test images of classes 0..3
@@ -300,7 +300,7 @@ def test_a_run_records_its_extra_losses_and_checkpoints_them_weights_only(tiny):
 
 
 def test_clients_whose_models_cannot_fit_in_memory_are_refused_before_training(monkeypatch):
-    import fedfactor.fl.simulator as simulator
+    import fedfactor.simulator as simulator
 
     cfg = load_config(None, ["data.name=digits", "fl.clients=4", "model.name=mlp", "tracking.enabled=false"])
     model_bytes = (64 * 200 + 200 + 200 * 10 + 10) * 4

@@ -20,20 +20,20 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..config import Config
-from ..data import Partition, dataset_info, load_dataset, make_partition, make_splits
-from ..data.augment import AUGMENT_KINDS
-from ..data.partition import SPLITS, task_label_maps
-from ..devices import memory_bytes, resolve_device
-from ..errors import Interrupted, RunFailed, UsageError
-from ..methods import METHODS, Context
-from ..methods.base import Method
-from ..models import build_model, resolve_layers
-from ..models.layers import layer_entries
-from .batched import BatchedTrainer, batchable
-from .comm import CommMeter
-from .state import State, WeightedSum, clone
-from .train import Batch, Diverged, Optim, Phase, Split, Trainer, TrainLoss, derive_seed
+from .config import Config
+from .data import Partition, dataset_info, load_dataset, make_partition, make_splits
+from .data.augment import AUGMENT_KINDS
+from .data.partition import SPLITS, task_label_maps
+from .devices import memory_bytes, resolve_device
+from .errors import Interrupted, RunFailed, UsageError
+from .fl.batched import BatchedTrainer, batchable
+from .fl.comm import CommMeter
+from .fl.state import State, WeightedSum, clone
+from .fl.train import Batch, Diverged, Optim, Phase, Split, Trainer, TrainLoss, derive_seed
+from .methods import METHODS, Context
+from .methods.base import Method
+from .models import build_model, resolve_layers
+from .models.layers import layer_entries
 
 
 def build_partition(cfg: Config, y: np.ndarray, n_official_train: int, num_classes: int) -> Partition:

@@ -104,7 +104,7 @@ from pydantic import BeforeValidator, Field, field_validator
 from ..config import (MAX_CLIENTS, MAX_EPOCHS, MAX_ROUNDS, MAX_SEED, Float, Int, Section, apply_overrides, read_mapping,
                       validated)
 from ..errors import UsageError
-from .factor import factor_analysis, parse_tau, split, unit_matrix
+from ..analysis.factor import factor_analysis, parse_tau, split, unit_matrix
 
 DECOMPOSITIONS = ("true", "oracle", "static", "dynamic", "random", "random_fixed", "all_shared", "all_personal")
 FA_BASED = ("oracle", "static", "dynamic")
@@ -566,7 +566,7 @@ def figure6(cfg: SimulationConfig, rounds, out: str | Path) -> None:
     """Six panels (p sweep, alpha sweep): mean client test accuracy per round per decomposition."""
     from matplotlib.ticker import MaxNLocator
 
-    from ..report.figures import legend_outside, mean_band, method_styles, pyplot, save_figure
+    from .figures import legend_outside, mean_band, method_styles, pyplot, save_figure
 
     plt = pyplot()
     panels = panels_of(cfg)
@@ -597,7 +597,7 @@ def figure7(cfg: SimulationConfig, rounds, out: str | Path) -> None:
     """Dynamic FedFac: share of units that did not change state since the previous round."""
     from matplotlib.ticker import MaxNLocator
 
-    from ..report.figures import legend_outside, pyplot, save_figure
+    from .figures import legend_outside, pyplot, save_figure
 
     fig, ax = pyplot().subplots(figsize=(6.4, 4.0), layout="constrained")
     d = rounds[(rounds.decomposition == "dynamic") & (rounds["round"] > 0)]
