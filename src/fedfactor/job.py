@@ -16,7 +16,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import platform
 import shutil
 import signal
