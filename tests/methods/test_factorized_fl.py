@@ -6,7 +6,7 @@ import torch
 
 from fedfactor.config import load_config
 from fedfactor.fl.simulator import Simulator
-from fedfactor.methods import METHODS
+from fedfactor.methods import METHODS, build
 from fedfactor.methods.factorized_fl import BITS, MATCH, VALUES
 from fedfactor.methods.simfed import CRITERIA
 from fedfactor.nn import Factorized
@@ -271,7 +271,7 @@ def test_bad_hyperparameters_are_one_line_errors(tiny):
     for bad in ("method.layout=diagonal", "method.share=all", "method.rank=0", "method.matching=best",
                 "method.criteria_inputs=0"):
         with pytest.raises(UsageError, match=f"^{bad.split('=')[0]} must be"):
-            load_config(None, tiny + ["method.name=simfed", bad])
+            build(load_config(None, tiny + ["method.name=simfed", bad]).method)
 
 
 # -- as run: the official code's behaviour is the default ----------------------------------------
