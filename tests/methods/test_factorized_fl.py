@@ -258,10 +258,10 @@ def test_diagnostics_land_in_the_run_folder(tiny, tmp_path):
 
 
 def test_every_variant_is_registered_with_its_preset():
-    assert METHODS.get("factorized_fl_beta").defaults["share"] == "uvm"
-    assert METHODS.get("factorized_fedavg_no_mu").defaults["use_mu"] is False
-    assert METHODS.get("factorized_fl_axes").defaults["layout"] == "simfed"
-    assert METHODS.get("simfed_worst").defaults["num_matched"] == 2
+    assert build({"name": "factorized_fl_beta"}).hp.share == "uvm"
+    assert build({"name": "factorized_fedavg_no_mu"}).hp.use_mu is False
+    assert build({"name": "factorized_fl_axes"}).hp.layout == "simfed"
+    assert build({"name": "simfed_worst"}).hp.num_matched == 2
     assert METHODS.get("simfed_no_factorization").factorized is False
 
 

@@ -151,6 +151,7 @@ class Method:
 
     def bind(self, ctx: Context) -> None:
         self.ctx = ctx
+        self.model_keys = list(ctx.model.state_dict())  # the model's entries in a client's state
         self.shared = self.shared_keys()
 
     def shared_keys(self) -> list[str]:

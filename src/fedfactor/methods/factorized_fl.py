@@ -35,26 +35,31 @@ class FactorizedFL(Method):
     name = "factorized_fl_alpha"
 
     class Params(Params):
-        layout: one_of(*LAYOUTS) = "official"  # official: (u @ v).view(O, I, k, k) | paper (eq. 3) | simfed (000 Fig. 7 (k))
-        init: one_of("official", "scaled") = "official"  # official: Xavier u and v | scaled: at the replaced layer's weight scale
-        mu_init: one_of(*MU_INITS) = "official"  # official: dense mu Xavier, conv mu zero | zero: mu = 0 (000, after eq. 2)
+        # official: (u @ v).view(O, I, k, k) | paper (eq. 3) | simfed (000 Fig. 7 (k))
+        layout: one_of(*LAYOUTS) = "official"
+        # official: Xavier u and v | scaled: at the replaced layer's weight scale
+        init: one_of("official", "scaled") = "official"
+        # official: dense mu Xavier, conv mu zero | zero: mu = 0 (000, after eq. 2)
+        mu_init: one_of(*MU_INITS) = "official"
         bias_init: one_of(*BIAS_INITS) = "official"  # official: Xavier-uniform biases | layer: the model's own
         rank: Count = 1  # gamma, the number of columns of u and v (000 Figure 7 (h))
         use_mu: bool = True  # the sparse bias matrix mu (000 Figure 7 (g): "w/o mu")
         l1: Float = 5e-4  # lambda_sparsity (002 C.2: 5e-4 to 1e-3)
-        l1_mode: one_of("paper", "official") = "official"  # official: no effect (detached in the code) | paper: a real gradient
+        # official: no effect (detached in the code) | paper: a real gradient
+        l1_mode: one_of("paper", "official") = "official"
         mu_threshold: Float = 5e-4  # |mu| below it counts as zero when evaluated (official: lambda)
-        mu_send: one_of("dense", "pruned") = "dense"  # dense: M sent unpruned (official) | pruned: below mu_threshold dropped, sparse
+        # dense: M sent unpruned (official) | pruned: below mu_threshold dropped, sparse
+        mu_send: one_of("dense", "pruned") = "dense"
         share: one_of("u", "uvm", "none") = "u"  # u (alpha) | uvm (beta) | none (the factorized model trained locally)
         share_bn: bool = True  # share BatchNorm affine parameters (the official code) | False (alpha's text)
         share_bias: bool = True  # alpha also shares the body's biases (the official code) | False (text)
-        matching: one_of("similarity", "fedavg", "random", "worst") = "similarity"  # similarity | fedavg (no matching) | random | worst
+        matching: one_of("similarity", "fedavg", "random", "worst") = "similarity"  # fedavg: no matching
         weighting: one_of("paper", "official") = "official"  # official: top-n + softmax | paper: threshold + softmax
         tau: Float = 0.0  # similarity threshold (002 C.2: 0 to 0.75; official label tasks: 0)
         epsilon: Float = 1.0  # softmax scale of the similarity (002 C.2: 1 to 20; official label tasks: 1)
         minimum_aggr: Count = 0  # official weighting: at least this many clients (self included); 0: the code's rule
         num_matched: Count = 3  # random / worst matching: clients mixed in besides self
-        match_layer: one_of("before_head", "last_conv") = "last_conv"  # last_conv (official code) | before_head (the paper's v^{L-1})
+        match_layer: one_of("before_head", "last_conv") = "last_conv"  # official code | the paper's v^{L-1}
         reset_head: bool = True  # where heads are shared, reset the head to the initial one every round (official)
         keep_optimizer: bool = True  # each client's SGD momentum carries over to its next round (official) | restart
 
@@ -65,9 +70,9 @@ class FactorizedFL(Method):
                     at_least(key, getattr(self, key), 1)
             at_least("minimum_aggr", self.minimum_aggr, 0, "0: the official code's rule; ")
             return self
+
     factorized = True  # False: similarity matching on an unfactorized model (SimFed ablation)
     key_name = "similarity_v"  # the diagnostic name of the similarity clients are matched on
-
 
     def __init__(self, **params: Any):
         super().__init__(**params)

@@ -29,9 +29,11 @@ class FedDecomp(Method):
 
     class Params(Params):
         e_lora: Count = 2  # E_lora: epochs on tau per round; E_global = fl.epochs - e_lora
-        training: one_of("alternating", "simultaneous") = "alternating"  # alternating (eqs. 5-6) | simultaneous (Table 3)
+        # alternating (eqs. 5-6) | simultaneous (Table 3)
+        training: one_of("alternating", "simultaneous") = "alternating"
         share: one_of("sigma", "tau", "all", "none") = "sigma"  # sigma | tau (FedDecomp_Reverse) | all | none (Table 4)
-        style: one_of(*STYLES) = "official"  # official (as run) | paper (the text): tau's shapes, rank rule, init, scale
+        # official (as run) | paper (the text): tau's shapes, rank rule, init, scale
+        style: one_of(*STYLES) = "official"
         conv_ratio: Float = 0.8  # R_c (Table 2's best for CIFAR-100 and Tiny-ImageNet; 0.6 for CIFAR-10)
         linear_ratio: Float = 0.4  # R_l (0.6 for CIFAR-10)
         linear_rank: Count = 0  # > 0: this rank for every fully connected tau instead of R_l (official Linear_r)
@@ -45,7 +47,6 @@ class FedDecomp(Method):
             at_least("e_lora", self.e_lora, 0)
             at_least("linear_rank", self.linear_rank, 0)
             return self
-
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         # A's draws come from their own stream, derived from the seed the simulator set for the model

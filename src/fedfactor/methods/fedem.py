@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -97,10 +97,6 @@ class FedEM(Method):
                     module.reset_parameters()
             copies.append(other)
         return Mixture(copies)
-
-    def bind(self, ctx) -> None:
-        super().bind(ctx)
-        self.model_keys = list(ctx.model.state_dict())
 
     def shared_keys(self) -> list[str]:
         return [key for key in super().shared_keys() if key != LOG_PI]

@@ -40,13 +40,16 @@ class FedFac(Method):
         # inf (as run: the official scripts' --given_threshold keeps its default, +inf: every unit of
         # Lambda personal) | mean (the text's default) | a quantile (50% or q50) | -inf (all shared) | a number
         tau: str = "inf"
-        fa_method: one_of("principal", "eigen") = "eigen"  # eigen (the official --direct_eigDecom) | principal (eq. 7, iterated)
-        factors: one_of("official", "paper") = "official"  # G: official (the code's count, one fewer) | paper (the smallest m reaching kappa)
+        # eigen (the official --direct_eigDecom) | principal (eq. 7, iterated)
+        fa_method: one_of("principal", "eigen") = "eigen"
+        # G: official (the code's count, one fewer) | paper (the smallest m reaching kappa)
+        factors: one_of("official", "paper") = "official"
         max_iter: Count = 100  # principal-factor iterations at most
         tol: Float = 1e-4  # ... until the specific variances change by less than this
         split: one_of("factor", "random") = "factor"  # factor | random (Table 8 panel B)
         mask: one_of("none", "shared", "personal") = "none"  # none | shared | personal (Table 8 panel A)
-        unit_params: one_of("follow", "local") = "local"  # local (official) | follow: a split layer's bias and BatchNorm affine parameters
+        # local (official) | follow: a split layer's bias and BatchNorm affine parameters
+        unit_params: one_of("follow", "local") = "local"
         share_bn_stats: bool = False  # share BatchNorm running statistics (FedAvg does; FedFac's code does not)
         global_lr: Float = 1.0  # eta_g: shared = previous + eta_g * (weighted mean - previous)
 
@@ -77,7 +80,6 @@ class FedFac(Method):
             if self.global_lr <= 0 or self.tol <= 0:
                 raise UsageError("method.global_lr and method.tol must be > 0")
             return self
-
 
     def __init__(self, **params: Any):
         super().__init__(**params)

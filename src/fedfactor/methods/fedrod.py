@@ -10,7 +10,7 @@ Choices the paper leaves open: docs/methods/fedrod.md
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -65,7 +65,8 @@ class FedRoD(Method):
     name = "fedrod"
 
     class Params(Params):
-        body_loss: one_of("generic", "both") = "generic"  # generic: the body learns from the balanced loss only (PFLlib) | both (Fling)
+        # generic: the body learns from the balanced loss only (PFLlib) | both (Fling)
+        body_loss: one_of("generic", "both") = "generic"
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         if not isinstance(model, HeadedModel):
@@ -74,7 +75,6 @@ class FedRoD(Method):
 
     def bind(self, ctx) -> None:
         super().bind(ctx)
-        self.model_keys = list(ctx.model.state_dict())
         self.personal = [key for key in self.model_keys if key.startswith(PERSONAL + ".")]
 
     def shared_keys(self) -> list[str]:

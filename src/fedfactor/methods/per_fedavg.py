@@ -8,13 +8,12 @@ Choices the paper leaves open: docs/methods/per_fedavg.md
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field, field_validator
 
-from ..errors import UsageError
 from ..fl.state import State
 from ..fl.train import Batch, derive_seed, make_optimizer, mean_loss
 from .base import METHODS, Count, Method, Params, one_of, positive_or_none, variant
@@ -40,7 +39,6 @@ class PerFedAvg(Method):
 
     def bind(self, ctx) -> None:
         super().bind(ctx)
-        self.model_keys = list(ctx.model.state_dict())
         self.buffer_names = [key for key, _ in ctx.model.named_buffers()]
 
     @property

@@ -11,9 +11,6 @@ More on how it is settled here: docs/methods/pfedgate.md
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
 import torch.nn.functional as F
 from pydantic import Field, field_validator, model_validator
 from torch import nn
@@ -40,7 +37,8 @@ class PFedGate(Method):
         split: Count = Field(5, ge=1)  # blocks per parameter tensor (the authors' scripts)
         gate_lr: int | float | None = None  # the gate's learning rate; null: the run's fl.lr
         clip: Float = Field(10.0, ge=0)  # max gradient norm of gate and model, each; 0: none (the code: 10)
-        style: one_of("official", "paper") = "official"  # official (the authors' code) | paper: budget, ranking, scaling (nn/gate.py)
+        # official (the authors' code) | paper: budget, ranking, scaling (nn/gate.py)
+        style: one_of("official", "paper") = "official"
         keep_optimizer: bool = True  # each client's optimizer state carries over to its next round (the code)
 
         @field_validator("gate_lr", mode="before")
@@ -65,7 +63,6 @@ class PFedGate(Method):
         # stay those of the placeholder `prepare_model` built, so the trainer's keys still hold.
         ctx.model.build_gate(ctx.input_shape, derive_seed(ctx.seed, GATE_STREAM))
         super().bind(ctx)
-        self.model_keys = list(ctx.model.state_dict())
         self.gate_init = clone({GATE + k: v for k, v in ctx.model.gate.state_dict().items()})
 
     def shared_keys(self) -> list[str]:

@@ -29,7 +29,8 @@ class PFedPara(Method):
         capacity: Float = Field(0.95, gt=0, le=1)  # parameter share of the original model (002 C.2: 90-99 %)
         gamma: int | float | None = None  # FedPara's rank ratio in [0, 1]; when set it replaces capacity
         share_other: bool = False  # also share biases and BatchNorm (parameters and statistics)
-        init: one_of(*INITS) = "fedpara"  # fedpara: He-normal factors (the authors' code) | scaled: at the replaced layer's scale
+        # fedpara: He-normal factors (the authors' code) | scaled: at the replaced layer's scale
+        init: one_of(*INITS) = "fedpara"
 
         @field_validator("gamma", mode="before")
         @classmethod

@@ -40,7 +40,6 @@ class PFedSD(Method):
 
     def bind(self, ctx) -> None:
         super().bind(ctx)
-        self.model_keys = list(ctx.model.state_dict())
         self.buffer_names = [key for key, _ in ctx.model.named_buffers()]
 
     def teacher(self, state: State) -> State | None:

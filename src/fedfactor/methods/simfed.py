@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..fl.state import State
-from .base import METHODS, Count, Params, variant
+from .base import METHODS, Count, variant
 from .factorized_fl import FactorizedFL
 
 CRITERIA = "simfed.criteria"  # the client's copy of x_N, kept in its state
@@ -22,17 +22,14 @@ CRITERIA = "simfed.criteria"  # the client's copy of x_N, kept in its state
                   "shared random input, personalised knowledge reflection")
 class SimFed(FactorizedFL):
     name = "simfed"
-    # No SimFed code was published. Its matching follows its text (tau 0.9, alpha 30, threshold rule);
-    # its layers and client follow the official code of its successor, Factorized-FL, which still
-    # computes SimFed's criteria-input embeddings (L1 without gradient, dense mu Xavier, M sent
-    # unpruned, SGD momentum kept across rounds).
-    # `simfed_text` is the text throughout.
+    # No SimFed code was published: its text, and Factorized-FL's code where it is silent (docs/methods/simfed.md)
     preset = {"layout": "simfed", "l1": 1e-4, "mu_threshold": 1e-4, "share": "uvm", "share_bn": True, "tau": 0.9,
               "epsilon": 30.0, "num_matched": 2, "weighting": "paper", "minimum_aggr": 1, "match_layer": "before_head",
               "reset_head": False}
 
     class Params(FactorizedFL.Params):
         criteria_inputs: Count = 1  # Gaussian inputs x_N the embeddings are taken of
+
     key_name = "similarity_z"
 
     def personal_head(self) -> bool:
