@@ -268,5 +268,5 @@ def variant(name: str, description: str, base: type[Method], **preset: Any) -> t
     unknown = set(preset) - set(base.Params.model_fields)
     if unknown:
         raise ValueError(f"{name}: unknown hyperparameters {sorted(unknown)}")
-    cls = type(name, (base,), {"name": name, "preset": {**base.preset, **preset}})
+    cls = type(name, (base,), {"name": name, "preset": {**base.preset, **preset}, "__module__": base.__module__})
     return METHODS.register(name, description)(cls)

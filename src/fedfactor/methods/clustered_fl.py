@@ -1,11 +1,10 @@
 """Clustered-FL (Sattler, Mueller & Samek, IEEE TNNLS 2020; a baseline of 000/002 C.1 and 003).
 
-The server keeps a list of clusters (client ids) and one model per cluster. A client downloads its
-cluster's model, trains and uploads its weights, exactly as in FedAvg (000 Table 1 prints the same
-cost for both). The server forms every uploader's update dW_k = uploaded - downloaded and, for each
-cluster, tests whether the federation has stalled while its members still disagree:
+FedAvg within clusters: the server keeps one model per cluster and bi-partitions a cluster, by the
+cosine similarity of its members' updates, once its federation has stalled (||mean dW|| < eps1) while
+its members still disagree (max ||dW_k|| > eps2).
 
-More on how it is settled here: docs/methods/clustered_fl.md
+Choices the paper leaves open: docs/methods/clustered_fl.md
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """FedAMP (Huang, Chu, Zhou, Wang, Liu, Pei & Zhang, AAAI 2021; a baseline of 004 Table 1).
 
-Federated attentive message passing. Every client keeps and trains its own model w_k; the server
-keeps every client's latest w_j and builds for client k a personalised cloud model
-
-    u_k = sum_j xi_kj w_j,   xi_kj = alpha_r A'(||w_k - w_j||^2)  (j != k),   xi_kk = 1 - sum_{j != k} xi_kj,
+Federated attentive message passing: every client trains its own model w_k with a proximal pull
+towards its cloud model u_k = sum_j xi_kj w_j, an attention-weighted mix of all clients' latest
+models (xi_kj = alpha_r A'(||w_k - w_j||^2) for j != k, xi_kk = 1 - sum of the others).
 
 Choices the paper leaves open: docs/methods/fedamp.md
 """

@@ -1,8 +1,9 @@
 """FedCAC (Wu, Liu, Niu, Zhu & Tang, ICCV 2023, "Bold but Cautious"; a baseline of 004 Table 1).
 
-Cautiously aggressive collaboration. After its local training a client marks, layer by layer, its
-critical parameters: the top `tau` fraction by the sensitivity |(theta_after - theta_before) *
-theta_after|. It uploads its model and its critical mask. The server
+Cautiously aggressive collaboration: after local training a client marks its critical parameters
+(the top `tau` fraction by sensitivity) and uploads its model and mask. It starts its next round
+from the global (FedAvg) model for its other entries and, for its critical ones, from the mean of
+the clients whose critical sets overlap its own above a bar that rises every round.
 
 Choices the paper leaves open: docs/methods/fedcac.md
 """

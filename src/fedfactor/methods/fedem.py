@@ -1,9 +1,9 @@
 """FedEM (Marfoq, Neglia, Bellet, Kameni and Vidal, NeurIPS 2021): federated EM of a mixture.
 
-Every client's data are a mixture of M shared components (`components`, 3 as the authors suggest
-and 001 section 5.1 uses): client k predicts with p_k(y|x) = sum_m pi_km p_m(y|x), its mixture
-weights pi_k personal (never sent, uniform at the start), the M component models shared. A round
-of client k, in the order of the official code (omarfoq/FedEM, `MixtureClient.step`):
+Every client's data are a mixture of M shared components (`components`): client k predicts with
+p_k(y|x) = sum_m pi_km p_m(y|x), its mixture weights pi_k personal. A round is an E-step (the
+responsibilities q under the received components) and an M-step (pi_k the mean of q, each component
+trained on its q-weighted loss); the server averages the components as FedAvg.
 
 Choices the paper leaves open: docs/methods/fedem.md
 """

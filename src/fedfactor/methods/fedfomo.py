@@ -1,10 +1,9 @@
 """FedFOMO (Zhang, Sapra, Fidler, Yeung & Alvarez, ICLR 2021; a baseline of 000/002 C.1 and 003).
 
 The server stores every client's latest model. Each round client k downloads H = `models_downloaded`
-other clients' models, scores each on its own validation split and weighs model n by the first-order
-gain per distance
-
-    w_n = max(0, (L_k(theta_k) - L_k(theta_n)) / ||theta_n - theta_k||),
+other clients' models, scores each on its own validation split, weighs model n by the first-order
+gain per distance w_n = max(0, (L_k(theta_k) - L_k(theta_n)) / ||theta_n - theta_k||) and moves
+towards the helpful ones.
 
 Choices the paper leaves open: docs/methods/fedfomo.md
 """

@@ -1,7 +1,8 @@
 """Per-FedAvg (Fallah, Mokhtari and Ozdaglar, NeurIPS 2020): FedAvg of a MAML objective.
 
-The shared model w is trained to be a good starting point for one step of local gradient descent
-(Factorized-FL supplement C.1, SimFed 5.1). A local meta-step, on minibatches D, D' (and D''):
+The shared model w is trained to be a good starting point for one step of local gradient descent:
+local meta-steps temp = w - alpha grad f(w; D), w <- w - beta grad f(temp; D') (first order; `hf`
+adds the Hessian-vector term). A client is scored after one adaptation step on its own data.
 
 Choices the paper leaves open: docs/methods/per_fedavg.md
 """

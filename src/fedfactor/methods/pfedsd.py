@@ -1,9 +1,9 @@
 """pFedSD (Jin, Bai, Yao, Dai, Gu, Yu and Sun, IEEE TPDS 2023, "Personalized Edge Intelligence via
 Federated Self-Knowledge Distillation").
 
-FedAvg's rounds, with one change on the client: it trains the received global model on
-cross-entropy plus a distillation term towards its own previous personalised model, the model it
-trained in the last round it took part in:
+FedAvg's rounds; a client trains the received global model on cross-entropy plus
+lambda T^2 KL(softmax(t / T) || softmax(s / T)) towards its own previous personalised model (the
+teacher t), and is scored with the model it trained.
 
 Choices the paper leaves open: docs/methods/pfedsd.md
 """
