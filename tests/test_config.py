@@ -1,9 +1,19 @@
 import re
+import subprocess
+import sys
 
 import pytest
 
 from fedfactor.config import load_config, load_yaml
 from fedfactor.errors import UsageError
+from fedfactor.methods import build
+
+
+def _checked(path=None, overrides=()):
+    """A config as a run takes it: loaded, then its method built (hyperparameters typed and checked)."""
+    cfg = load_config(path, list(overrides))
+    cfg.method = build(cfg.method).spec
+    return cfg
 
 
 def test_file_then_overrides(tmp_path):
@@ -38,7 +48,7 @@ def test_file_then_overrides(tmp_path):
 )
 def test_bad_settings_are_usage_errors(overrides, words):
     with pytest.raises(UsageError) as e:
-        load_config(None, overrides)
+        _checked(None, overrides)
     assert words.split("=")[0] in str(e.value).lower()
     assert "\n" not in str(e.value)
 
@@ -49,8 +59,8 @@ def test_missing_file_is_usage_error(tmp_path):
 
 
 def test_values_are_coerced_to_their_declared_types():
-    cfg = load_config(None, ["fl.lr=1e-3", "fl.rounds=7.0", "method.name=fedprox", "method.mu=1", "seed=3",
-                             "tracking.experiment_id=12"])
+    cfg = _checked(None, ["fl.lr=1e-3", "fl.rounds=7.0", "method.name=fedprox", "method.mu=1", "seed=3",
+                          "tracking.experiment_id=12"])
     assert cfg.fl.lr == 0.001 and isinstance(cfg.fl.lr, float)
     assert cfg.fl.rounds == 7 and isinstance(cfg.fl.rounds, int)
     assert cfg.method["mu"] == 1.0 and isinstance(cfg.method["mu"], float)  # typed from its default 0.01
@@ -141,8 +151,26 @@ def test_the_largest_allowed_counts_are_accepted():
 
 def test_a_methods_whole_number_hyperparameters_are_bounded():
     with pytest.raises(UsageError, match="method.head_epochs: input should be less than or equal to 10000"):
-        load_config(None, ["method.name=fedrep", "method.head_epochs=1000000000"])
-    assert load_config(None, ["method.name=fedrep", "method.head_epochs=10000"]).method["head_epochs"] == 10000
+        _checked(None, ["method.name=fedrep", "method.head_epochs=1000000000"])
+    assert _checked(None, ["method.name=fedrep", "method.head_epochs=10000"]).method["head_epochs"] == 10000
+
+
+def test_the_config_keeps_the_method_as_data_and_never_imports_the_methods():
+    # the one-way import: methods/ builds on config, never the reverse; build() checks the method
+    cfg = load_config(None, ["method.name=fedprox", "method.mu=-1"])
+    assert cfg.method == {"name": "fedprox", "mu": -1}
+    with pytest.raises(UsageError, match=r"method.mu: input should be greater than or equal to 0 \(got -1\)"):
+        build(cfg.method)
+    code = "import sys, fedfactor.config; sys.exit('fedfactor.methods' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_build_fills_in_every_default_and_a_variant_its_preset():
+    assert build({"name": "fedprox"}).spec == {"name": "fedprox", "mu": 0.01}
+    spec = build({"name": "fedfac_static", "warmup": 2}).spec
+    assert spec["mode"] == "static" and spec["warmup"] == 2 and spec["tau"] == "inf"
+    with pytest.raises(UsageError, match="unknown method 'nope'"):
+        build({"name": "nope"})
 
 
 # -- settings another kind or command reads -------------------------------------------------------

@@ -22,7 +22,7 @@ from snakemake.utils import validate
 from fedfactor.config import load_config
 from fedfactor.data import dataset_info, task_label_maps
 from fedfactor.models import build_model, resolve_layers
-from fedfactor.methods import METHODS
+from fedfactor.methods import METHODS, build
 from fedfactor.workflow import method_sets, run_sets
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,6 +117,7 @@ def _check_scenario(study, scenario):
 def _check_method(study, scenario, label):
     entry = dict(study["methods"][label])
     cfg = load_config(REPO / study["run_config"], _sets(study, scenario, label))
+    cfg.method = build(cfg.method).spec  # typed and checked by the method, as the train job does
     # the study's hyperparameters arrive as given, none dropped or renamed on the way, and so do the
     # method's own run-config overrides
     for section, values in entry.pop("run", {}).items():

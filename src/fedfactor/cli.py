@@ -43,8 +43,11 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
 
 def _config(args):
     from .config import load_config
+    from .methods import build
 
-    return load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides)
+    cfg.method = build(cfg.method).spec  # the method's hyperparameters typed and checked, defaults filled in
+    return cfg
 
 
 def _set_threads(n: int) -> None:
@@ -85,9 +88,12 @@ def cmd_train_runs(args) -> None:
     from .config import load_config
     from .devices import claim_gpus
     from .job import train_runs
+    from .methods import build
 
     runs = [(load_config(args.config, [*args.overrides, *run["set"]]), Path(run["out"]),
              Path(run["log"]) if run.get("log") else None) for run in _run_list(args.runs)]
+    for cfg, _, _ in runs:
+        cfg.method = build(cfg.method).spec
     claim_gpus(args.gpus, args.gpu_locks)
 
     def finished(out: Path, seconds: float) -> None:

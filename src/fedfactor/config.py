@@ -2,9 +2,9 @@
 
 Every section is a pydantic model: values are coerced to the declared type (`--set fl.lr=1e-3`
 arrives from YAML as the string "1e-3" and becomes 0.001) and range-checked, and unknown keys are
-errors, so a typo never silently runs the default. Method hyperparameters are typed from the
-method's own defaults (`Method.validate_params`). Every failure is one UsageError line, raised
-before anything is written.
+errors, so a typo never silently runs the default. `method` stays data here: its hyperparameters
+are typed and checked by the method (`fedfactor.methods.build`), which whoever runs the config calls.
+Every failure is one UsageError line, raised before anything is written.
 
 Defaults follow the papers where they agree (see docs/defaults.md, "Defaults and choices the
 papers leave open"); where they disagree (the evaluation protocol) each paper's run config says which it uses.
@@ -234,7 +234,7 @@ class Config(Section):
     # the method's label in a study (tables, MLflow; "" = the method's name): a study may run one
     # method under several labels with different hyperparameters
     label: str = ""
-    # {"name": ..., hyperparameters...}; typed against the method's defaults in load_config
+    # {"name": ..., hyperparameters...}; typed and checked by fedfactor.methods.build
     method: dict[str, Any] = Field(default_factory=lambda: {"name": "fedavg"})
     data: DataConfig = Field(default_factory=DataConfig)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
@@ -437,9 +437,4 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
     method = raw.setdefault("method", {"name": "fedavg"})
     if not isinstance(method, dict) or not isinstance(method.get("name"), str):
         raise UsageError("config key 'method' must be a name or a mapping with a 'name'")
-    cfg = validated(Config, raw)
-    from .methods import METHODS  # torch is imported only once a config is otherwise valid
-
-    params = {k: v for k, v in cfg.method.items() if k != "name"}
-    cfg.method = {"name": cfg.method["name"], **METHODS.get(cfg.method["name"]).validate_params(params)}
-    return cfg
+    return validated(Config, raw)

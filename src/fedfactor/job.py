@@ -35,6 +35,7 @@ from .config import Config, flatten
 from .errors import Interrupted, RunFailed, UsageError
 from .simulator import ACCURACY_FIELDS, RoundRecord, Simulator, summarize
 from .models.layers import effective_weight, layer_entries
+from .methods import build
 from .io import (atomic_open, atomic_write_json, atomic_write_npy, atomic_write_text, check_output, folder_lock,
                  remove_stale_temporaries)
 from .tracking import FINAL_KEYS, RUN_FILES, STATE_FILE, Tracker, log_to_run, run_identity
@@ -130,6 +131,7 @@ def save_client_weights(cfg: Config, sim: Simulator, path: Path) -> tuple[dict[i
 
 def train(cfg: Config, out: Path) -> dict[str, Any]:
     """Run (or resume) the training `cfg` describes in folder `out`; returns the summary."""
+    cfg.method = build(cfg.method).spec  # as the run's config records it: every default filled in
     check_output(out, "folder")
     sim = Simulator(cfg)  # every check on the config and the data happens here, before any output
     out.mkdir(parents=True, exist_ok=True)
@@ -183,7 +185,8 @@ def train_runs(runs: list[tuple[Config, Path, Path | None]],
     run trained here, with its time since the previous one ended (the first: since `since`, a
     time.monotonic() value, by default this call).
     """
-    for _, out, _ in runs:  # every folder can be written, before any run starts
+    for cfg, out, _ in runs:  # every method is valid and every folder can be written, before any run starts
+        cfg.method = build(cfg.method).spec
         check_output(out, "folder")
     failures = []
     clock = time.monotonic() if since is None else since

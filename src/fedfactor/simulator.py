@@ -30,7 +30,7 @@ from .fl.batched import BatchedTrainer, batchable
 from .fl.comm import CommMeter
 from .fl.state import State, WeightedSum, clone
 from .fl.train import Batch, Diverged, Optim, Phase, Split, Trainer, TrainLoss, derive_seed
-from .methods import METHODS, Context
+from .methods import Context, build
 from .methods.base import Method
 from .models import build_model, resolve_layers
 from .models.layers import layer_entries
@@ -176,7 +176,7 @@ class Simulator:
         info = dataset_info(cfg.data.name, cfg.data.root)
         K = cfg.fl.clients
         # Cheap checks first: a typo should not wait for a dataset to load.
-        self.method = METHODS.get(cfg.method["name"])(**{k: v for k, v in cfg.method.items() if k != "name"})
+        self.method = build(cfg.method)
         if dry_run and self.method.payload_depends_on_values:
             raise UsageError(f"method {cfg.method['name']!r} sends payloads whose size depends on trained values; "
                              "`fedfactor cost` cannot project it from shapes: run `fedfactor train` and read "

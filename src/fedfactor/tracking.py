@@ -726,6 +726,7 @@ def _load_run(run_dir: Path):
     """(config, summary, metrics, run key or None) of a finished run directory; UsageError naming
     a bad file."""
     from .config import load_config
+    from .methods import build
 
     summary_path, metrics_path, config_path = (run_dir / n for n in RUN_FILES[:3])
     try:
@@ -748,6 +749,7 @@ def _load_run(run_dir: Path):
         raise UsageError(f"{config_path} is empty; {_DAMAGED}")
     try:
         cfg = load_config(config_path)
+        cfg.method = build(cfg.method).spec
     except UsageError as e:
         raise UsageError(str(e) if str(config_path) in str(e) else f"{config_path}: {e}") from None
     metrics = _load_metrics(metrics_path)

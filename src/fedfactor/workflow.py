@@ -260,6 +260,7 @@ def check_runs(run_config: str, runs: Iterable[tuple[str, list[str]]]) -> None:
     (name, sets), e.g. ("scenario 'a', method 'fedavg'", [...]); each dataset and partition is
     checked once."""
     from .data import dataset_info, task_label_maps
+    from .methods import build
     from .models import MODELS
 
     datasets: dict[tuple[str, str], Any] = {}
@@ -267,6 +268,7 @@ def check_runs(run_config: str, runs: Iterable[tuple[str, list[str]]]) -> None:
     for name, sets in runs:
         try:
             cfg = load_config(run_config, sets)
+            build(cfg.method)
             where = (cfg.data.name, cfg.data.root)
             if where not in datasets:
                 datasets[where] = dataset_info(*where)

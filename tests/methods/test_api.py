@@ -12,6 +12,7 @@ from fedfactor.config import load_config
 from fedfactor.simulator import Simulator
 from fedfactor.fl.train import Optim, Phase
 from fedfactor.methods import METHODS, Method
+from fedfactor.methods.base import Params
 
 from ..conftest import record_uploads
 
@@ -40,7 +41,9 @@ def toy_methods():
 @toy("toy_rep", "test only: FedRep-like, head then body, only the body shared")
 class ToyRep(Method):
     name = "toy_rep"
-    defaults = {"head_epochs": 1}
+
+    class Params(Params):
+        head_epochs: int = 1
 
     def bind(self, ctx):
         super().bind(ctx)

@@ -6,7 +6,7 @@ import torch
 
 from fedfactor.config import load_config
 from fedfactor.simulator import Simulator
-from fedfactor.methods import METHODS
+from fedfactor.methods import METHODS, build
 from fedfactor.methods.factorized_fl import BITS, MATCH, VALUES
 from fedfactor.methods.simfed import CRITERIA
 from fedfactor.nn import Factorized
@@ -263,10 +263,10 @@ def test_diagnostics_land_in_the_run_folder(tiny, tmp_path):
 
 
 def test_every_variant_is_registered_with_its_preset():
-    assert METHODS.get("factorized_fl_beta").defaults["share"] == "uvm"
-    assert METHODS.get("factorized_fedavg_no_mu").defaults["use_mu"] is False
-    assert METHODS.get("factorized_fl_axes").defaults["layout"] == "simfed"
-    assert METHODS.get("simfed_worst").defaults["num_matched"] == 2
+    assert build({"name": "factorized_fl_beta"}).hp.share == "uvm"
+    assert build({"name": "factorized_fedavg_no_mu"}).hp.use_mu is False
+    assert build({"name": "factorized_fl_axes"}).hp.layout == "simfed"
+    assert build({"name": "simfed_worst"}).hp.num_matched == 2
     assert METHODS.get("simfed_no_factorization").factorized is False
 
 
@@ -276,7 +276,7 @@ def test_bad_hyperparameters_are_one_line_errors(tiny):
     for bad in ("method.layout=diagonal", "method.share=all", "method.rank=0", "method.matching=best",
                 "method.criteria_inputs=0"):
         with pytest.raises(UsageError, match=f"^{bad.split('=')[0]} must be"):
-            load_config(None, tiny + ["method.name=simfed", bad])
+            build(load_config(None, tiny + ["method.name=simfed", bad]).method)
 
 
 # -- as run: the official code's behaviour is the default ----------------------------------------

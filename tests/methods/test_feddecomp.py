@@ -4,7 +4,7 @@ import torch
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
 from fedfactor.simulator import Simulator
-from fedfactor.methods import METHODS
+from fedfactor.methods import build
 from fedfactor.models import build_model
 
 # The cnn on digits, decomposed: body.0 conv 1->32 (5x5), body.3 conv 32->64, body.7 fc 256->512, head fc 512->10
@@ -206,7 +206,7 @@ def test_bad_hyperparameters_fail_with_one_clear_line(tiny, sets, message):
 
 
 def test_every_variant_is_registered_with_its_change():
-    assert METHODS.get("feddecomp_simultaneous").defaults["training"] == "simultaneous"
-    assert METHODS.get("feddecomp_reverse").defaults["share"] == "tau"
-    assert METHODS.get("feddecomp_lowrank_fedavg").defaults["share"] == "all"
-    assert METHODS.get("feddecomp_lowrank_local").defaults["share"] == "none"
+    assert build({"name": "feddecomp_simultaneous"}).hp.training == "simultaneous"
+    assert build({"name": "feddecomp_reverse"}).hp.share == "tau"
+    assert build({"name": "feddecomp_lowrank_fedavg"}).hp.share == "all"
+    assert build({"name": "feddecomp_lowrank_local"}).hp.share == "none"

@@ -7,6 +7,7 @@ from fedfactor.config import load_config
 from fedfactor.errors import UsageError
 from fedfactor.simulator import Simulator
 from fedfactor.fl.train import Phase
+from fedfactor.methods import build
 from fedfactor.methods.fedfac import MASK
 
 # cnn on digits: layers 1 body.0 (conv 32), 2 body.3 (conv 64), 3 body.7 (fc 512), 4 head
@@ -212,9 +213,8 @@ def test_the_classifier_cannot_be_split_when_heads_are_local(tiny):
 
 def test_tau_accepts_numbers_and_quantiles_from_the_command_line(tiny):
     for raw, kept in (("0.5", "0.5"), (".inf", "inf"), ("90%", "90%"), ("q25", "q25")):
-        cfg = load_config(None, tiny + ["method.name=fedfac", f"method.tau={raw}"])
-        assert cfg.method["tau"] == kept
-    assert load_config(None, tiny + ["method.name=fedfac", "method.layers=17"]).method["layers"] == [17]
+        assert build(load_config(None, tiny + ["method.name=fedfac", f"method.tau={raw}"]).method).hp.tau == kept
+    assert build(load_config(None, tiny + ["method.name=fedfac", "method.layers=17"]).method).hp.layers == [17]
 
 
 @pytest.mark.slow

@@ -262,7 +262,7 @@ class Trainer:
         term = None if phase.loss is None else torch.zeros_like(total)
         opt = self._optimizer(phase, [(n, named[n]) for n in names])
         if phase.keep_optimizer:
-            self._restore(opt, phase.keep_optimizer, named, state)
+            self.restore_optimizer(opt, phase.keep_optimizer, named, state)
         frozen = {n: p.requires_grad for n, p in named.items()}
         steps = 0
         try:
@@ -291,7 +291,7 @@ class Trainer:
             for n, p in named.items():
                 p.requires_grad_(frozen[n])
         if phase.keep_optimizer:
-            self._save(opt, phase.keep_optimizer, named, state)
+            self.save_optimizer(opt, phase.keep_optimizer, named, state)
         return total, task, term, steps
 
     def _optimizer(self, phase: Phase, params: list[tuple[str, torch.nn.Parameter]]) -> torch.optim.Optimizer:
@@ -302,7 +302,8 @@ class Trainer:
         return make_optimizer(o, [{"params": ps, "lr": lr} for lr, ps in by_lr.items()])
 
     @staticmethod
-    def _restore(opt: torch.optim.Optimizer, tag: str, named: dict, state: State) -> None:
+    def restore_optimizer(opt: torch.optim.Optimizer, tag: str, named: dict, state: State) -> None:
+        """Put back the optimizer state a client keeps under "optim.<tag>.<parameter>.<entry>"."""
         for name, p in named.items():
             prefix = f"optim.{tag}.{name}."
             kept = {k[len(prefix):]: v.clone() for k, v in state.items() if k.startswith(prefix)}
@@ -310,7 +311,8 @@ class Trainer:
                 opt.state[p] = kept
 
     @staticmethod
-    def _save(opt: torch.optim.Optimizer, tag: str, named: dict, state: State) -> None:
+    def save_optimizer(opt: torch.optim.Optimizer, tag: str, named: dict, state: State) -> None:
+        """Keep the optimizer's state in the client's `state` (restore_optimizer's entries)."""
         for name, p in named.items():
             for entry, value in opt.state.get(p, {}).items():
                 if isinstance(value, torch.Tensor):

@@ -1,47 +1,10 @@
 """Agnostic-FL (Mohri, Sivek & Suresh, ICML 2019, "Agnostic Federated Learning"; a baseline of 003).
 
-One global model, trained for the worst mixture of the clients' distributions rather than for their
-union: min_w max_{lambda in Lambda} sum_k lambda_k L_k(w), Lambda a convex subset of the simplex.
-The paper solves it by stochastic gradient descent in w and projected gradient ascent in lambda
-(Stochastic-AFL); federated, as the FL codes run it, each round:
-- the server sends the global model (what FedAvg sends) and keeps lambda (K weights, uniform at
-  the start, in its state, so it is checkpointed);
-- a sampled client scores the received model on its own train split, L_k = its mean cross-entropy
-  there, trains it locally as FedAvg does and sends the model and L_k (one float32: 4 bytes more
-  than FedAvg per upload);
-- the server averages the uploads weighted by lambda_k, renormalised over the round's uploaders
-  (= the global model plus the lambda-weighted mean update), then takes the ascent step
-  lambda <- Proj_Lambda(lambda + gamma_lambda * L), L_k = 0 for the clients not in the round.
-  Both steps use the lambda of the round's start, as the paper's simultaneous update does.
+One global model trained for the worst mixture lambda of the clients' distributions: clients upload
+the model and their loss L_k of the received model; the server averages the uploads weighted by
+lambda and raises lambda by a projected ascent step on the losses (Stochastic-AFL, federated).
 
-Choices the paper leaves open, and how they are settled:
-- Which loss: L_k(w) of the received model before local training, i.e. the gradient of the
-  objective in lambda at the current w (FLGo's flgo/algorithm/afl.py scores it the same way). The
-  mean local training loss would be that of the local iterates, under augmentation, and lower
-  for the clients that fit fastest. Under local heads (`fl.head` local) it is the client's own
-  head on the global body, the model the client actually uses. This costs one forward pass over
-  the client's train split per round.
-- gamma_lambda = 0.01: the paper fixes its step sizes only through its convergence theorem (in
-  terms of bounds on the domains and the gradients' variance); we found no number for its
-  experiments. 0.01 is the learning_rate_lambda of litian96/fair_flearn (run.sh; the code FLGo's
-  afl.py follows) and FLGo's default.
-- Lambda: the whole simplex by default. `lambda_min` > 0 takes the subset {lambda_k >= lambda_min}
-  (a floor on every client's weight, one of the prior sets the paper's framework admits;
-  YuichiNAGAO/agnostic_federated_learning clamps at 1e-3 after projecting instead); other prior
-  sets are not offered. The projection is the Euclidean one, by the sort-based algorithm (Held,
-  Wolfe & Crowder 1974; Duchi et al. 2008).
-- Partial participation: only the round's clients report a loss; the other coordinates of the
-  ascent step are 0 (as YuichiNAGAO/agnostic_federated_learning does), so an absent client's weight
-  falls. In 003's protocol (and FedDecomp's) every client takes part every round and the step is
-  the exact gradient. Clients held out of training (`eval.new_clients`) keep a weight that only
-  falls. If every uploader of a round has weight 0, the objective puts no weight on their updates
-  and the global model stays as it was.
-- What is scored follows `eval.model` as for FedAvg (the global model as received, or the client's
-  model after local training), not the average of the iterates that Stochastic-AFL outputs for its
-  convex analysis (and that fair_flearn and FLGo score): the protocol scores what the server sends,
-  and sending the average as well would double the download.
-- Weights are lambda only, not training-set sizes: L_k is a per-client mean and the mixture is over
-  clients' distributions, so a size weighting would change the objective.
+Choices the paper leaves open: docs/methods/agnostic_fl.md
 """
 
 from __future__ import annotations
@@ -54,8 +17,7 @@ from pydantic import Field
 
 from ..errors import UsageError
 from ..fl.state import State, select, weighted_average
-from .base import Method
-from . import METHODS
+from .base import METHODS, Float, Method, Params
 
 LOSS = "agnostic.loss"  # the client's L_k: its train loss under the model it received this round
 
@@ -90,10 +52,10 @@ def entropy(p: torch.Tensor) -> float:
                   "of clients, uploads weighted by lambda, lambda raised by projected ascent on client losses")
 class AgnosticFL(Method):
     name = "agnostic_fl"
-    defaults = {
-        "gamma_lambda": Field(0.01, ge=0),  # ascent step on lambda (fair_flearn run.sh, FLGo)
-        "lambda_min": Field(0.0, ge=0, le=1),  # floor on every lambda_k; 0: the whole simplex
-    }
+
+    class Params(Params):
+        gamma_lambda: Float = Field(0.01, ge=0)  # ascent step on lambda (fair_flearn run.sh, FLGo)
+        lambda_min: Float = Field(0.0, ge=0, le=1)  # floor on every lambda_k; 0: the whole simplex
 
     def bind(self, ctx) -> None:
         super().bind(ctx)

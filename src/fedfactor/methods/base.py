@@ -29,19 +29,61 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from types import SimpleNamespace
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
+from typing import Annotated, Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 import torch
-from pydantic import ConfigDict, ValidationError, create_model
-from pydantic.fields import FieldInfo
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from ..config import Float, MethodCount, validation_message
 from ..errors import UsageError
 from ..fl.state import State, WeightedSum, clone, select
 from ..fl.train import Batch, Optim, Phase, Split
 from ..models import resolve_layers
-from . import METHODS
+from ..registry import Registry
+
+METHODS = Registry("method")
+Count = MethodCount  # a whole-number hyperparameter: epochs, ranks, rounds, iterations (at most 10,000)
+__all__ = ["METHODS", "Context", "Count", "Float", "Method", "Params", "one_of", "variant"]
+
+
+@dataclass(frozen=True)
+class _OneOf:
+    allowed: tuple[str, ...]
+
+
+def one_of(*allowed: str) -> Any:
+    """A hyperparameter that takes one of a few names (checked once every field has its type)."""
+    return Annotated[str, _OneOf(allowed)]
+
+
+class Params(BaseModel):
+    """A method's hyperparameters: `method.<key>` in a config sets them. A method declares its own
+    as a subclass (typed fields with defaults, ranges as Field(ge=...), checks across fields as
+    validators raising UsageError); the base has none (FedAvg's)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+    @model_validator(mode="after")
+    def _names(self) -> "Params":
+        for key, info in type(self).model_fields.items():
+            allowed = next((m.allowed for m in info.metadata if isinstance(m, _OneOf)), None)
+            if allowed is not None and getattr(self, key) not in allowed:
+                raise UsageError(f"method.{key} must be one of {', '.join(allowed)} (got {getattr(self, key)!r})")
+        return self
+
+
+def at_least(key: str, value: float, low: float, note: str = "") -> None:
+    """A UsageError unless value >= low: `method.<key> must be >= <low> (got <value>)`."""
+    if value < low:
+        raise UsageError(f"method.{key} must be >= {low} ({note}got {value})")
+
+
+def positive_or_none(key: str, value: Any, meaning: str) -> Any:
+    """A step size that may be null (then `meaning`, e.g. the run's fl.lr): a finite number > 0."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not 0 < value < math.inf):
+        raise UsageError(f"method.{key} must be a number > 0, or null for {meaning} (got {value!r})")
+    return value
 
 
 @dataclass
@@ -87,40 +129,21 @@ class Context:
 
 class Method:
     name = "fedavg"
-    # Hyperparameters with their defaults, typed from them; `method.<key>` in the config overrides
-    # them. A value may be a pydantic Field to add a range, e.g. {"mu": Field(0.01, ge=0)}.
-    defaults: ClassVar[dict[str, Any]] = {}
-    # Hyperparameters that take one of a few names: {key: allowed values}, checked with the defaults.
-    CHOICES: ClassVar[dict[str, Sequence[str]]] = {}
+    Params: ClassVar[type[Params]] = Params  # the hyperparameters, `self.hp` once validated
+    preset: ClassVar[dict[str, Any]] = {}  # a variant's values for them (`variant`), before the config's
     # True when what is sent depends on trained values (sparse or pruned payloads): `fedfactor cost`
     # cannot project it from shapes and says so.
     payload_depends_on_values: ClassVar[bool] = False
 
     def __init__(self, **params: Any):
-        self.hp = SimpleNamespace(**self.validate_params(params))
-
-    @classmethod
-    def validate_params(cls, params: Mapping[str, Any]) -> dict[str, Any]:
-        """Hyperparameters coerced to the types of their defaults and range-checked, as a dict."""
-        fields = {}
-        for key, default in cls.defaults.items():
-            value = default.default if isinstance(default, FieldInfo) else default
-            kind = Any if value is None else {int: MethodCount, float: Float}.get(type(value), type(value))
-            fields[key] = (kind, default)
-        model = create_model(f"{cls.__name__}Params", __config__=ConfigDict(extra="forbid", allow_inf_nan=False),
-                             **fields)
         try:
-            hp = model.model_validate(dict(params)).model_dump()
+            self.hp = self.Params.model_validate({**self.preset, **params})
         except ValidationError as e:
             first = e.errors()[0]
             if first["type"] == "extra_forbidden":
-                valid = ", ".join(cls.defaults) or "none"
-                raise UsageError(f"method {cls.name!r} has no parameter {first['loc'][0]!r}; valid: {valid}") from None
+                valid = ", ".join(self.Params.model_fields) or "none"
+                raise UsageError(f"method {self.name!r} has no parameter {first['loc'][0]!r}; valid: {valid}") from None
             raise UsageError(validation_message(e, prefix="method.")) from None
-        for key, allowed in cls.CHOICES.items():
-            if hp[key] not in allowed:
-                raise UsageError(f"method.{key} must be one of {', '.join(allowed)} (got {hp[key]!r})")
-        return hp
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Change the model before the run starts (runs on the meta device for `fedfactor cost`)."""
@@ -128,6 +151,7 @@ class Method:
 
     def bind(self, ctx: Context) -> None:
         self.ctx = ctx
+        self.model_keys = list(ctx.model.state_dict())  # the model's entries in a client's state
         self.shared = self.shared_keys()
 
     def shared_keys(self) -> list[str]:
@@ -177,6 +201,25 @@ class Method:
     def upload(self, k: int, state: State) -> State:
         return select(state, self.shared)
 
+    def descend(self, k: int, opt: torch.optim.Optimizer, objective: Callable[[Batch], torch.Tensor],
+                before_step: Callable[[], None] | None = None) -> tuple[torch.Tensor, int]:
+        """The steps of a method's own training loop (one a Phase cannot say): on each of client k's
+        minibatches for the run's epochs, `objective(batch)` is minimised by one step of `opt`
+        (`before_step` runs between backward and step, e.g. to clip). Returns the summed losses,
+        detached, and the number of steps; the caller makes its mean with fl.train.mean_loss."""
+        device = opt.param_groups[0]["params"][0].device
+        total, steps = torch.zeros((), device=device), 0
+        for batch in self.ctx.batches(k, epochs=self.ctx.epochs):
+            loss = objective(batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if before_step is not None:
+                before_step()
+            opt.step()
+            total += loss.detach()
+            steps += 1
+        return total, steps
+
     # -- diagnostics and new clients -------------------------------------------------------------
     def analysed_layers(self) -> dict[int, str]:
         """Layers whose final client weights a run keeps for the factor-analysis diagnostics.
@@ -220,10 +263,10 @@ class Method:
         return state
 
 
-def variant(name: str, description: str, base: type[Method], **changes: Any) -> type[Method]:
+def variant(name: str, description: str, base: type[Method], **preset: Any) -> type[Method]:
     """Register a preset of a method's hyperparameters under its own name (an ablation)."""
-    unknown = set(changes) - set(base.defaults)
+    unknown = set(preset) - set(base.Params.model_fields)
     if unknown:
         raise ValueError(f"{name}: unknown hyperparameters {sorted(unknown)}")
-    cls = type(name, (base,), {"name": name, "defaults": {**base.defaults, **changes}})
+    cls = type(name, (base,), {"name": name, "preset": {**base.preset, **preset}, "__module__": base.__module__})
     return METHODS.register(name, description)(cls)

@@ -1,30 +1,10 @@
 """Clustered-FL (Sattler, Mueller & Samek, IEEE TNNLS 2020; a baseline of 000/002 C.1 and 003).
 
-The server keeps a list of clusters (client ids) and one model per cluster. A client downloads its
-cluster's model, trains and uploads its weights, exactly as in FedAvg (000 Table 1 prints the same
-cost for both). The server forms every uploader's update dW_k = uploaded - downloaded and, for each
-cluster, tests whether the federation has stalled while its members still disagree:
+FedAvg within clusters: the server keeps one model per cluster and bi-partitions a cluster, by the
+cosine similarity of its members' updates, once its federation has stalled (||mean dW|| < eps1) while
+its members still disagree (max ||dW_k|| > eps2).
 
-    ||mean_k dW_k|| < eps1   and   max_k ||dW_k|| > eps2,
-
-in which case it bi-partitions the cluster by complete-linkage agglomerative clustering on the
-negated pairwise cosine similarity of the members' updates; then every cluster's model becomes the
-mean of its members' uploads (= its model plus the mean update, as all of them started from it).
-
-Settings the papers leave open, taken from the authors' code (felisat/clustered-federated-learning)
-and FL-bench (src/server/cfl.py), which agree:
-- eps1 = 0.4, eps2 = 1.6; a cluster splits only with more than 2 members (`min_split_size` 3) and
-  after round 20 (`warmup_rounds`: both codes test `round > 20`, 1-based). These thresholds are in
-  the units of their models and learning rates; 002 does not report the values it used.
-- Within a cluster the updates are averaged uniformly (both codes); `weighting: size` weights them
-  by the clients' training-set sizes instead, as FedAvg does.
-- Norms and similarities are taken over the shared parameters (both codes flatten the model's
-  parameters); BatchNorm running statistics travel and are averaged with them but do not vote.
-
-With partial participation only the round's uploaders enter the split test and the bi-partition;
-members of a splitting cluster that did not upload cannot be placed, so they stay together in the
-old cluster, which keeps its model (the codes above assume every client takes part). A cluster whose
-members all sat the round out keeps its model. Under `fl.head` local the head is never sent.
+Choices the paper leaves open: docs/methods/clustered_fl.md
 """
 
 from __future__ import annotations
@@ -34,8 +14,7 @@ import torch
 from pydantic import Field
 
 from ..fl.state import State, clone, select, weighted_average
-from .base import Method
-from . import METHODS
+from .base import METHODS, Count, Float, Method, Params, one_of
 
 
 def update_gram(updates: list[State], keys: list[str]) -> torch.Tensor:
@@ -70,14 +49,13 @@ def bipartition(similarity: np.ndarray) -> np.ndarray:
                   "clusters, bi-partitioned by the cosine similarity of the clients' updates once they stall")
 class ClusteredFL(Method):
     name = "clustered_fl"
-    defaults = {
-        "eps1": Field(0.4, gt=0),  # split only when the mean update's norm is below it (stalled)
-        "eps2": Field(1.6, gt=0),  # ... and some client's update norm is above it (disagreement)
-        "min_split_size": Field(3, ge=2),  # uploaders a cluster needs to be split
-        "warmup_rounds": Field(20, ge=0),  # no split in rounds 1..warmup_rounds
-        "weighting": "uniform",  # uniform | size: how a cluster averages its members' uploads
-    }
-    CHOICES = {"weighting": ("uniform", "size")}
+
+    class Params(Params):
+        eps1: Float = Field(0.4, gt=0)  # split only when the mean update's norm is below it (stalled)
+        eps2: Float = Field(1.6, gt=0)  # ... and some client's update norm is above it (disagreement)
+        min_split_size: Count = Field(3, ge=2)  # uploaders a cluster needs to be split
+        warmup_rounds: Count = Field(20, ge=0)  # no split in rounds 1..warmup_rounds
+        weighting: one_of("uniform", "size") = "uniform"  # uniform | size: how a cluster averages its members' uploads
 
     def bind(self, ctx) -> None:
         super().bind(ctx)

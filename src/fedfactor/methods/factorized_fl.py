@@ -5,37 +5,8 @@ round the server holds every client's last upload; client k then downloads its o
 clients whose key v (of the last convolution as run; v^{L-1} in the text) is most similar to its
 own (eqs. 4-5).
 
-    alpha (share=u):   upload U (as run also the biases and BN affine) and the key v; download the
-                       personalised share.
-    beta  (share=uvm): upload and download U, V and M (dense as run, pruned and sparse in the text)
-                       and the other parameters.
-
-Defaults are the official code's behaviour ("as run", wyjeong/Factorized-FL, the code behind the
-paper's numbers); `factorized_fl_alpha_text` and `factorized_fl_beta_text` are the paper's text as
-written. docs/papers/factorized_fl.md, "As run vs the text", has the switch-by-switch table with
-measured effects.
-- `l1_mode`: official: the L1 term on mu is computed on detached tensors, so it has no gradient;
-  paper: lambda ||M||_1 (eq. 6) with a real gradient.
-- `mu_init`/`bias_init`: official: a fully connected layer's mu and every bias start Xavier-uniform,
-  a convolution's mu at zero; paper: mu at zero (000, after eq. 2), the model's own bias init.
-- `mu_send`: dense: M is sent unpruned, as the official server mixes it (it prunes |mu| < lambda
-  only when it evaluates and when it counts bytes); pruned: entries below mu_threshold are dropped
-  and M travels as a bitmap plus values. Either way evaluation prunes below mu_threshold.
-- What alpha shares: official: every body entry but v and mu (u, biases, BatchNorm affine;
-  `share_bias`, `share_bn`); paper: U alone (and v^{L-1} as the key), 002 C.4. BatchNorm running
-  statistics stay local in both. The classifier is never mixed (eq. 5 runs over l <= L-1); with
-  `reset_head` it is reset to the initial head every round where heads are shared (the official
-  code's unpermuted tasks).
-- Matching: official: the top max(#{sigma >= tau}, minimum_aggr) clients by the similarity of v of
-  the last convolution, softmax(epsilon sigma); `minimum_aggr: 0` is the official code's per-task
-  count (all 20 of its 20 clients in the standard tasks, 10 under permuted labels): all clients
-  where heads are shared, half (rounded up) where they are local. paper: the clients with
-  sigma >= tau (eqs. 4-5) by v^{L-1}. tau 0 and epsilon 1 are the official label-task settings.
-- `keep_optimizer`: official: a client's SGD state (momentum) is saved with it and reloaded the next
-  round; the text is silent, so the `_text` variants restart it every round, as every other method.
-- `init: scaled` starts u v^T at the replaced layer's weight scale (an option for models without
-  BatchNorm). A client that has not uploaded yet receives the sample-weighted mean of the stored
-  uploads (the official code's rule); in round 1, the initial model's shared entries.
+As run (the official code, the default) against the paper's text, switch by switch:
+docs/methods/factorized_fl.md
 """
 
 from __future__ import annotations
@@ -43,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from pydantic import model_validator
 from torch import nn
 
 from ..errors import UsageError
@@ -51,8 +23,7 @@ from ..fl.state import State, clone, pack_sparse, select, unpack_sparse, weighte
 from ..fl.train import Phase, derive_seed
 from ..nn import LAYOUTS, factorize, factorized_layers
 from ..nn.factorized import BIAS_INITS, MU_INITS
-from .base import Method, variant
-from . import METHODS
+from .base import METHODS, Count, Float, Method, Params, at_least, one_of, variant
 
 BITS, VALUES = ".bits", ".values"  # suffixes of a sparse-sent entry: bitmap of non-zeros, their values
 MATCH = "match.key"  # the vector the server matches clients on (v^{L-1} or an embedding)
@@ -62,47 +33,46 @@ MATCH = "match.key"  # the vector the server matches clients on (v^{L-1} or an e
                   "personalised by similarity of v^{L-1}")
 class FactorizedFL(Method):
     name = "factorized_fl_alpha"
-    defaults: dict[str, Any] = {
-        "layout": "official",  # official: (u @ v).view(O, I, k, k) | paper (eq. 3) | simfed (000 Fig. 7 (k))
-        "init": "official",  # official: Xavier u and v | scaled: at the replaced layer's weight scale
-        "mu_init": "official",  # official: dense mu Xavier, conv mu zero | zero: mu = 0 (000, after eq. 2)
-        "bias_init": "official",  # official: Xavier-uniform biases | layer: the model's own
-        "rank": 1,  # gamma, the number of columns of u and v (000 Figure 7 (h))
-        "use_mu": True,  # the sparse bias matrix mu (000 Figure 7 (g): "w/o mu")
-        "l1": 5e-4,  # lambda_sparsity (002 C.2: 5e-4 to 1e-3)
-        "l1_mode": "official",  # official: no effect (detached in the code) | paper: a real gradient
-        "mu_threshold": 5e-4,  # |mu| below it counts as zero when evaluated (official: lambda)
-        "mu_send": "dense",  # dense: M sent unpruned (official) | pruned: below mu_threshold dropped, sparse
-        "share": "u",  # u (alpha) | uvm (beta) | none (the factorized model trained locally)
-        "share_bn": True,  # share BatchNorm affine parameters (the official code) | False (alpha's text)
-        "share_bias": True,  # alpha also shares the body's biases (the official code) | False (text)
-        "matching": "similarity",  # similarity | fedavg (no matching) | random | worst
-        "weighting": "official",  # official: top-n + softmax | paper: threshold + softmax
-        "tau": 0.0,  # similarity threshold (002 C.2: 0 to 0.75; official label tasks: 0)
-        "epsilon": 1.0,  # softmax scale of the similarity (002 C.2: 1 to 20; official label tasks: 1)
-        "minimum_aggr": 0,  # official weighting: at least this many clients (self included); 0: the code's rule
-        "num_matched": 3,  # random / worst matching: clients mixed in besides self
-        "match_layer": "last_conv",  # last_conv (official code) | before_head (the paper's v^{L-1})
-        "reset_head": True,  # where heads are shared, reset the head to the initial one every round (official)
-        "keep_optimizer": True,  # each client's SGD momentum carries over to its next round (official) | restart
-    }
+
+    class Params(Params):
+        # official: (u @ v).view(O, I, k, k) | paper (eq. 3) | simfed (000 Fig. 7 (k))
+        layout: one_of(*LAYOUTS) = "official"
+        # official: Xavier u and v | scaled: at the replaced layer's weight scale
+        init: one_of("official", "scaled") = "official"
+        # official: dense mu Xavier, conv mu zero | zero: mu = 0 (000, after eq. 2)
+        mu_init: one_of(*MU_INITS) = "official"
+        bias_init: one_of(*BIAS_INITS) = "official"  # official: Xavier-uniform biases | layer: the model's own
+        rank: Count = 1  # gamma, the number of columns of u and v (000 Figure 7 (h))
+        use_mu: bool = True  # the sparse bias matrix mu (000 Figure 7 (g): "w/o mu")
+        l1: Float = 5e-4  # lambda_sparsity (002 C.2: 5e-4 to 1e-3)
+        # official: no effect (detached in the code) | paper: a real gradient
+        l1_mode: one_of("paper", "official") = "official"
+        mu_threshold: Float = 5e-4  # |mu| below it counts as zero when evaluated (official: lambda)
+        # dense: M sent unpruned (official) | pruned: below mu_threshold dropped, sparse
+        mu_send: one_of("dense", "pruned") = "dense"
+        share: one_of("u", "uvm", "none") = "u"  # u (alpha) | uvm (beta) | none (the factorized model trained locally)
+        share_bn: bool = True  # share BatchNorm affine parameters (the official code) | False (alpha's text)
+        share_bias: bool = True  # alpha also shares the body's biases (the official code) | False (text)
+        matching: one_of("similarity", "fedavg", "random", "worst") = "similarity"  # fedavg: no matching
+        weighting: one_of("paper", "official") = "official"  # official: top-n + softmax | paper: threshold + softmax
+        tau: Float = 0.0  # similarity threshold (002 C.2: 0 to 0.75; official label tasks: 0)
+        epsilon: Float = 1.0  # softmax scale of the similarity (002 C.2: 1 to 20; official label tasks: 1)
+        minimum_aggr: Count = 0  # official weighting: at least this many clients (self included); 0: the code's rule
+        num_matched: Count = 3  # random / worst matching: clients mixed in besides self
+        match_layer: one_of("before_head", "last_conv") = "last_conv"  # official code | the paper's v^{L-1}
+        reset_head: bool = True  # where heads are shared, reset the head to the initial one every round (official)
+        keep_optimizer: bool = True  # each client's SGD momentum carries over to its next round (official) | restart
+
+        @model_validator(mode="after")
+        def _check(self):
+            for key in ("rank", "num_matched", "criteria_inputs"):
+                if hasattr(self, key):
+                    at_least(key, getattr(self, key), 1)
+            at_least("minimum_aggr", self.minimum_aggr, 0, "0: the official code's rule; ")
+            return self
+
     factorized = True  # False: similarity matching on an unfactorized model (SimFed ablation)
     key_name = "similarity_v"  # the diagnostic name of the similarity clients are matched on
-
-    CHOICES = {"layout": LAYOUTS, "init": ("official", "scaled"), "l1_mode": ("paper", "official"),
-               "mu_init": MU_INITS, "bias_init": BIAS_INITS, "mu_send": ("dense", "pruned"),
-               "share": ("u", "uvm", "none"), "matching": ("similarity", "fedavg", "random", "worst"),
-               "weighting": ("paper", "official"), "match_layer": ("before_head", "last_conv")}
-
-    @classmethod
-    def validate_params(cls, params):
-        hp = super().validate_params(params)
-        for key in ("rank", "num_matched", "criteria_inputs"):
-            if key in hp and hp[key] < 1:
-                raise UsageError(f"method.{key} must be >= 1 (got {hp[key]})")
-        if hp["minimum_aggr"] < 0:
-            raise UsageError(f"method.minimum_aggr must be >= 0 (0: the official code's rule; got {hp['minimum_aggr']})")
-        return hp
 
     def __init__(self, **params: Any):
         super().__init__(**params)
@@ -327,7 +297,7 @@ def _variant(name: str, description: str, **changes: Any) -> type:
 
 _variant("factorized_fl_beta", "Factorized-FL beta (000): shares U, V and sparse M, personalised by similarity "
         "of v^{L-1}", share="uvm", share_bn=True)
-# The paper's text as written, where it differs from the official code (docs/papers/factorized_fl.md, "As run vs the text").
+# The paper's text as written, where it differs from the official code (README's table).
 TEXT = dict(layout="paper", mu_init="zero", bias_init="layer", l1_mode="paper", mu_send="pruned", share_bn=False,
             share_bias=False, weighting="paper", minimum_aggr=1, match_layer="before_head", reset_head=False,
             keep_optimizer=False)

@@ -1,47 +1,10 @@
 """FedAMP (Huang, Chu, Zhou, Wang, Liu, Pei & Zhang, AAAI 2021; a baseline of 004 Table 1).
 
-Federated attentive message passing. Every client keeps and trains its own model w_k; the server
-keeps every client's latest w_j and builds for client k a personalised cloud model
+Federated attentive message passing: every client trains its own model w_k with a proximal pull
+towards its cloud model u_k = sum_j xi_kj w_j, an attention-weighted mix of all clients' latest
+models (xi_kj = alpha_r A'(||w_k - w_j||^2) for j != k, xi_kk = 1 - sum of the others).
 
-    u_k = sum_j xi_kj w_j,   xi_kj = alpha_r A'(||w_k - w_j||^2)  (j != k),   xi_kk = 1 - sum_{j != k} xi_kj,
-
-with A(x) = 1 - exp(-x / sigma), so A'(x) = exp(-x / sigma) / sigma: close models attend to each
-other, distant ones barely. Client k downloads u_k and trains its own w_k (not u_k) with the
-proximal term lam / (2 alpha_r) ||w_k - u_k||^2 added to its loss, then uploads w_k. A client is
-scored with its own w_k (it never takes u_k as its model), so `eval.model` received and trained
-score the same model. Communication is FedAvg's: one model down (u_k) and one up (w_k) (less the
-BatchNorm running statistics, which FedAMP never sends).
-
-Choices the paper leaves open, and how they are settled:
-- Constants: lam = 1, alpha = 1e4, sigma = 100, and alpha multiplied by 0.1 every 30 rounds: the
-  FedDecomp authors' configuration for exactly 004's protocol (FLAIR-Community/Fling,
-  argzoo/cifar10/cifar10_fedamp_resnet_config.py: lamda, alphaK, sigma, decay_rate,
-  decay_frequency; 004 4.1 runs every baseline with "the hyper-parameters specified in the
-  respective papers"). PFLlib's defaults (alphaK = 1, sigma = 1, lamda = 1) make every attention
-  weight ~exp(-||w_k - w_j||^2) ~ 0 for trained CNNs, i.e. no collaboration. The AAAI text was not
-  available offline to check its own values against these.
-- The decay: alpha_r = alpha * alpha_decay ** floor((r - 1) / alpha_decay_every) in round r, used
-  both for the attention that builds the round's u_k and for the round's proximal weight, as the
-  paper's iteration k uses one alpha_k for both steps. Fling decays after its 0-based round 30
-  has aggregated (its 32nd round is the first at 1e3), so there the attention behind a round's u_k
-  still uses the previous alpha in the first round after each decay.
-- xi_kk is not clipped: with these constants a client close to many others gets a negative self
-  weight, as in the paper's formula and every implementation read (PFLlib serveramp.py, Fling
-  fedamp_group.py, fluke). `amp_self_weight_min` logs the smallest one of the next round.
-- The proximal term is the squared norm with its gradient (the paper, Fling); PFLlib adds the
-  unsquared norm of `.data` tensors, which has no gradient and so no effect.
-- Only learnable parameters enter distances, u_k and the upload (the implementations flatten
-  `model.parameters()`); BatchNorm running statistics stay on the client, which is never
-  overwritten. Under `fl.head` local the head is neither sent nor pulled.
-- Partial participation (the paper and Fling have every client every round; PFLlib mixes only the
-  previous round's uploads): the server keeps each client's latest upload, and the initial model
-  for a client that never uploaded; u_k mixes all K of them. Before the first upload all are the
-  initial model, so u_k is that model.
-- A client held out of training (`eval.new_clients`) has no model of its own but the initial one:
-  `received` scores that, `finetune` trains it on the client's data (the base rules). Its cloud
-  model is no model to score: with these constants u_k = w_k + alpha_r sum_j A'(.) (w_j - w_k)
-  overshoots the others by a factor of ~alpha / sigma; it only makes sense as a proximal anchor
-  weighted by lam / alpha (the pull is then lam sum_j A'(.) (w_j - w_k), independent of alpha).
+Choices the paper leaves open: docs/methods/fedamp.md
 """
 
 from __future__ import annotations
@@ -51,9 +14,8 @@ from pydantic import Field
 
 from ..fl.state import State, clone, select
 from ..fl.train import Phase
-from .base import Method
+from .base import METHODS, Count, Float, Method, Params
 from .fedprox import proximal
-from . import METHODS
 
 
 def squared_distances(models: list[State], keys: list[str]) -> torch.Tensor:
@@ -86,13 +48,13 @@ def mix(models: list[State], weights: torch.Tensor) -> State:
                   "pull towards a personalised cloud model, an attention-weighted mix of all clients' models")
 class FedAMP(Method):
     name = "fedamp"
-    defaults = {
-        "lam": Field(1.0, ge=0),  # lambda: weight of the attention regulariser (Fling lamda)
-        "alpha": Field(1e4, gt=0),  # alpha_k of round 1 (Fling alphaK)
-        "sigma": Field(100.0, gt=0),  # scale of A(x) = 1 - exp(-x / sigma) (Fling sigma)
-        "alpha_decay": Field(0.1, gt=0, le=1),  # alpha's factor at each decay (Fling decay_rate)
-        "alpha_decay_every": Field(30, ge=0),  # rounds between decays; 0: never (Fling decay_frequency)
-    }
+
+    class Params(Params):
+        lam: Float = Field(1.0, ge=0)  # lambda: weight of the attention regulariser (Fling lamda)
+        alpha: Float = Field(1e4, gt=0)  # alpha_k of round 1 (Fling alphaK)
+        sigma: Float = Field(100.0, gt=0)  # scale of A(x) = 1 - exp(-x / sigma) (Fling sigma)
+        alpha_decay: Float = Field(0.1, gt=0, le=1)  # alpha's factor at each decay (Fling decay_rate)
+        alpha_decay_every: Count = Field(30, ge=0)  # rounds between decays; 0: never (Fling decay_frequency)
 
     def bind(self, ctx) -> None:
         super().bind(ctx)

@@ -1,5 +1,4 @@
-from .base import Method
-from . import METHODS
+from .base import METHODS, Method
 
 
 @METHODS.register("fedavg", "FedAvg (McMahan et al. 2017): sample-size weighted average of all shared parameters")

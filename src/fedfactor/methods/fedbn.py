@@ -4,14 +4,7 @@ Every BatchNorm layer stays with its client: its affine parameters (weight, bias
 statistics (mean, variance) are never sent; everything else is FedAvg (size-weighted averaging of
 all other parameters, the run's local training).
 
-Choices, and how they are settled here:
-- BatchNorm layers are found by type (`torch.nn.modules.batchnorm._BatchNorm`: BatchNorm1d/2d/3d,
-  SyncBatchNorm), never by a substring of their names (FL-bench and PFLlib match "bn"), so a
-  shortcut's BatchNorm (`downsample.1`) is local too and a layer merely named "bn..." is not.
-  Only floating-point entries are state that travels; `num_batches_tracked` never does.
-- On a model without BatchNorm (the default study's `cnn`) FedBN is exactly FedAvg; binding it
-  logs a one-line warning instead of failing, so a study can list it for every model.
-- Under permuted labels the classifier stays local too (Context.head_local), as for every method.
+Choices the paper leaves open: docs/methods/fedbn.md
 """
 
 from __future__ import annotations
@@ -20,8 +13,7 @@ import logging
 
 from torch import nn
 
-from .base import Method
-from . import METHODS
+from .base import METHODS, Method
 
 log = logging.getLogger("fedfactor")
 

@@ -1,42 +1,11 @@
 """FedCAC (Wu, Liu, Niu, Zhu & Tang, ICCV 2023, "Bold but Cautious"; a baseline of 004 Table 1).
 
-Cautiously aggressive collaboration. After its local training a client marks, layer by layer, its
-critical parameters: the top `tau` fraction by the sensitivity |(theta_after - theta_before) *
-theta_after|. It uploads its model and its critical mask. The server
+Cautiously aggressive collaboration: after local training a client marks its critical parameters
+(the top `tau` fraction by sensitivity) and uploads its model and mask. It starts its next round
+from the global (FedAvg) model for its other entries and, for its critical ones, from the mean of
+the clients whose critical sets overlap its own above a bar that rises every round.
 
-- averages every upload into a global model (FedAvg, size-weighted) for the non-critical entries;
-- measures the overlap of two clients' critical sets, o_ij = 1 - ||m_i - m_j||_1 / (2 ||m_i||_1),
-  and in round r sets the bar o_avg + (r / beta) (o_max - o_avg) over all pairs (i != j): client i
-  collaborates with every j with o_ij >= bar, and its customised model is the plain mean of its
-  own and its collaborators' latest models. The bar rises each round, so critical parameters are
-  shared widely at first and by ever fewer, most similar, clients later (none once r > beta).
-
-Client k then starts its next round from its critical entries of the customised model and its
-other entries of the global model. The server knows k's mask, so it sends that merged model: one
-model down, as FedAvg. Up: the model plus the mask, one bit per parameter entry (numpy.packbits,
-little bit order, padded to whole bytes per tensor), 1/32 more than FedAvg.
-
-Choices the paper leaves open, and how they are settled (the authors' code is FedCAC in
-FLAIR-Community/Fling, client/fedcac_client.py and group/fedcac_group.py; PFLlib
-clientcac.py/servercac.py port it):
-- tau = 0.5 and beta = 100 are the authors' CIFAR-10 configuration for 004's protocol (Fling
-  flzoo/cifar10/cifar10_fedcac_resnet_config.py, formerly argzoo/); their CIFAR-100 one is tau = 0.4,
-  beta = 170.
-- Selection (the authors' code): per parameter tensor, the threshold is the int(tau * n)-th largest
-  sensitivity; entries at or above it are critical (ties included). A tensor with int(tau * n) = 0
-  has none. If that threshold is <= 1e-10, it becomes the smallest sensitivity above 1e-20, so
-  every entry that moved is critical; a tensor where nothing moved is all critical (the code's
-  c >= 0).
-- Only learnable parameters are masked, merged and sent (both codes loop over
-  `named_parameters`); BatchNorm running statistics stay with their client. Under `fl.head`
-  local the head is neither sent nor masked.
-- The bar's r is the 1-based round that has just been trained (Fling: (epoch + 1) / beta after its
-  0-based round `epoch`; PFLlib's port applies the same factor one round later).
-- The overlap is asymmetric (normalised by client i's critical count), as in both codes; a client
-  with no critical entry has overlap 0 with everyone.
-- Partial participation (the codes assume every client every round): the global model averages the
-  round's uploads; overlaps, the bar and customised models use every client's latest upload and
-  mask. A client that never uploaded, or every client before the first upload, gets the global model.
+Choices the paper leaves open: docs/methods/fedcac.md
 """
 
 from __future__ import annotations
@@ -48,8 +17,7 @@ import torch
 from pydantic import Field
 
 from ..fl.state import State, clone, select, weighted_average
-from .base import Method
-from . import METHODS
+from .base import METHODS, Count, Float, Method, Params
 
 MASK = "cac.mask."  # client state and upload: a parameter's critical mask, bit-packed
 SMALL = 1e-10  # a top-tau threshold at or below this means fewer than tau of the entries moved
@@ -115,10 +83,10 @@ def collaborators(overlap: torch.Tensor, factor: float) -> tuple[torch.Tensor, f
                   "averaged only with clients whose critical sets overlap enough, the rest with all")
 class FedCAC(Method):
     name = "fedcac"
-    defaults = {
-        "tau": Field(0.5, ge=0, le=1),  # fraction of each tensor's entries that are critical
-        "beta": Field(100, ge=1),  # rounds until critical parameters are shared only at the top overlap
-    }
+
+    class Params(Params):
+        tau: Float = Field(0.5, ge=0, le=1)  # fraction of each tensor's entries that are critical
+        beta: Count = Field(100, ge=1)  # rounds until critical parameters are shared only at the top overlap
 
     def bind(self, ctx) -> None:
         super().bind(ctx)

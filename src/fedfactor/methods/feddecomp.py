@@ -1,38 +1,10 @@
 """FedDecomp (Wu et al., ACM MM 2024; paper 004) and its ablations.
 
-Every Conv2d and Linear becomes theta = sigma + tau (`fedfactor.nn.decompose`): sigma full rank and
-shared, tau = B A low rank and private. A round (Algorithm 1): the client takes the global sigma,
-trains tau for E_lora epochs with everything else frozen (eq. 5), then sigma for
-E_global = fl.epochs - E_lora epochs with tau frozen (eq. 6), each phase with a fresh optimizer (the
-official code builds new SGD optimizers every round); it uploads sigma and keeps tau; the server
-averages sigma uniformly over the clients (eq. 7; `weighting: samples` weighs by train size).
+Every Conv2d and Linear becomes theta = sigma + tau: sigma full rank and shared, tau = B A low rank
+and private. A round trains tau for E_lora epochs, then sigma for fl.epochs - E_lora (Algorithm 1);
+clients upload sigma, the server averages it uniformly (eq. 7).
 
-Choices the paper leaves open, settled as the official code (XinghaoWu/FedDecomp) does:
-- "sigma" is everything that is not tau: the layers' weights, biases and BatchNorm. The tau phase
-  trains only the factors (BatchNorm affine frozen, its running statistics still updating in train
-  mode); the sigma phase trains all the rest; BatchNorm affine parameters and running statistics are
-  averaged with sigma.
-- Shapes, rank, initialisation and scale of tau: `style` (official, the default: the code behind the
-  paper's numbers | paper, the text, as the variant `feddecomp_text`), `conv_ratio` (R_c),
-  `linear_ratio` (R_l) and `linear_rank` (the official absolute `Linear_r`), see nn/lowrank.py.
-- E_lora: 2 of E = 5 by default, the official `local_p_ep`; the paper does not say which value its
-  tables use (Figure 5 sweeps it).
-
-Special cases (section 3.4): E_lora = 0 is FedAvg (tau stays zero; with `weighting: samples` the
-same numbers as `fedavg`); E_global = 0 is local training with low-rank parameters: nothing is sent
-(the official code would still average BatchNorm running statistics).
-
-Variants: `training: simultaneous` trains sigma and tau together for E epochs (Table 3);
-`share: tau` shares the low-rank factors and keeps sigma (FedDecomp_Reverse, Table 5; the phases
-are unchanged, "other training strategy is the same"); `share: all` / `none` with simultaneous
-training are Table 4's "FedAvg w/ Low-Rank" and "Local w/ Low-Rank".
-
-Diagnostics, per round: `feddecomp.sigma_distance`, the mean over uploading clients of
-||sigma_i - mean sigma||_2 over the decomposed layers' shared weights (004 Figure 6);
-`feddecomp.delta_sigma` = ||mean sigma^t - sigma^0||_2 (the clients' own sigma, averaged, when
-sigma is not shared) and `feddecomp.delta_tau`, the mean over the round's trained clients of
-||tau_i^t - tau^0||_2 = ||tau_i^t||_2 (Table 6 reads them at the last round). Norms run over all
-decomposed layers' matrices together, tau in the weight's layout and scale.
+Choices the paper leaves open, variants and diagnostics: docs/methods/feddecomp.md
 """
 
 from __future__ import annotations
@@ -40,43 +12,41 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from pydantic import model_validator
 from torch import nn
 
 from ..errors import UsageError
 from ..fl.state import State, clone, select
 from ..fl.train import Phase, derive_seed
 from ..nn.lowrank import STYLES, decompose, lowrank_layers
-from .base import Method, variant
-from . import METHODS
+from .base import METHODS, Count, Float, Method, Params, at_least, one_of, variant
 
 
 @METHODS.register("feddecomp", "FedDecomp (004): theta = shared full-rank sigma + private low-rank tau, "
                   "tau trained first, then sigma")
 class FedDecomp(Method):
     name = "feddecomp"
-    defaults: dict[str, Any] = {
-        "e_lora": 2,  # E_lora: epochs on tau per round; E_global = fl.epochs - e_lora
-        "training": "alternating",  # alternating (eqs. 5-6) | simultaneous (Table 3)
-        "share": "sigma",  # sigma | tau (FedDecomp_Reverse) | all | none (Table 4)
-        "style": "official",  # official (as run) | paper (the text): tau's shapes, rank rule, init, scale
-        "conv_ratio": 0.8,  # R_c (Table 2's best for CIFAR-100 and Tiny-ImageNet; 0.6 for CIFAR-10)
-        "linear_ratio": 0.4,  # R_l (0.6 for CIFAR-10)
-        "linear_rank": 0,  # > 0: this rank for every fully connected tau instead of R_l (official Linear_r)
-        "weighting": "uniform",  # uniform (eq. 7, the official code) | samples (FedAvg's)
-    }
-    CHOICES = {"training": ("alternating", "simultaneous"), "share": ("sigma", "tau", "all", "none"),
-               "style": STYLES, "weighting": ("uniform", "samples")}
 
-    @classmethod
-    def validate_params(cls, params):
-        hp = super().validate_params(params)
-        for key in ("conv_ratio", "linear_ratio"):
-            if not 0 < hp[key] <= 1:
-                raise UsageError(f"method.{key} must be in (0, 1] (got {hp[key]})")
-        for key in ("e_lora", "linear_rank"):
-            if hp[key] < 0:
-                raise UsageError(f"method.{key} must be >= 0 (got {hp[key]})")
-        return hp
+    class Params(Params):
+        e_lora: Count = 2  # E_lora: epochs on tau per round; E_global = fl.epochs - e_lora
+        # alternating (eqs. 5-6) | simultaneous (Table 3)
+        training: one_of("alternating", "simultaneous") = "alternating"
+        share: one_of("sigma", "tau", "all", "none") = "sigma"  # sigma | tau (FedDecomp_Reverse) | all | none (Table 4)
+        # official (as run) | paper (the text): tau's shapes, rank rule, init, scale
+        style: one_of(*STYLES) = "official"
+        conv_ratio: Float = 0.8  # R_c (Table 2's best for CIFAR-100 and Tiny-ImageNet; 0.6 for CIFAR-10)
+        linear_ratio: Float = 0.4  # R_l (0.6 for CIFAR-10)
+        linear_rank: Count = 0  # > 0: this rank for every fully connected tau instead of R_l (official Linear_r)
+        weighting: one_of("uniform", "samples") = "uniform"  # uniform (eq. 7, the official code) | samples (FedAvg's)
+
+        @model_validator(mode="after")
+        def _check(self):
+            for key in ("conv_ratio", "linear_ratio"):
+                if not 0 < getattr(self, key) <= 1:
+                    raise UsageError(f"method.{key} must be in (0, 1] (got {getattr(self, key)})")
+            at_least("e_lora", self.e_lora, 0)
+            at_least("linear_rank", self.linear_rank, 0)
+            return self
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         # A's draws come from their own stream, derived from the seed the simulator set for the model

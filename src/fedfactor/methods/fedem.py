@@ -1,46 +1,18 @@
 """FedEM (Marfoq, Neglia, Bellet, Kameni and Vidal, NeurIPS 2021): federated EM of a mixture.
 
-Every client's data are a mixture of M shared components (`components`, 3 as the authors suggest
-and 001 section 5.1 uses): client k predicts with p_k(y|x) = sum_m pi_km p_m(y|x), its mixture
-weights pi_k personal (never sent, uniform at the start), the M component models shared. A round
-of client k, in the order of the official code (omarfoq/FedEM, `MixtureClient.step`):
+Every client's data are a mixture of M shared components (`components`): client k predicts with
+p_k(y|x) = sum_m pi_km p_m(y|x), its mixture weights pi_k personal. A round is an E-step (the
+responsibilities q under the received components) and an M-step (pi_k the mean of q, each component
+trained on its q-weighted loss); the server averages the components as FedAvg.
 
-    E-step   q_m(x, y) = pi_m p_m(y|x) / sum_l pi_l p_l(y|x), with the received components and the
-             client's current pi, for every local sample;
-    M-step   pi_k <- mean of q over the samples; each component m trains on its q_m-weighted loss
-             sum_i q_m(x_i, y_i) l_m(x_i, y_i) / |batch| for the run's local epochs and optimizer.
-
-The server averages the M components component by component, sample-weighted, as FedAvg.
-
-The model: `prepare_model` turns the backbone into a `Mixture` of M copies (their bodies under
-`body.<m>.`, their classifiers under `head.<m>.`, so a local head keeps every component's head
-local) and a buffer `log_pi` of the client's log mixture weights; its forward returns
-log sum_m pi_m softmax(z_m), the log of the mixture's class probabilities, so the standard
-evaluation (argmax, cross-entropy, ensembles of probabilities) scores the mixture as it is.
-
-Choices, and how they are settled:
-- The responsibilities of a round are those of the received components and the client's pi, fixed
-  for the whole round as in the official code (not recomputed on each minibatch as the gradient of
-  the mixture's likelihood would have them); they are computed per minibatch, in eval mode, on the
-  batch as drawn for training (the official code runs a separate pass over the un-augmented data),
-  so pi's update is the mean over every sample the round visits: the mean over the client's data
-  when augmentation is off.
-- Components 2..M start from fresh initialisations (`reinit: all`; the official code builds each
-  learner from its own seed); component 1 is the backbone as built, so `components: 1` is FedAvg.
-  Identical components would stay identical (equal losses give q = pi), so at least the classifiers
-  must differ: `reinit: head` draws only those afresh and keeps the backbone's body in every
-  component, for a pretrained backbone (FedFac's ResNet-18 from ImageNet weights).
-- New clients (`localtrain`, 001 section 5.2): the received components fixed, pi is fitted by EM
-  on the client's training data until it changes by less than 1e-6 (the official code runs one EM
-  iteration per logged round on its test clients, with the components of that round).
-- No layer is analysed for the factor diagnostics: a client's model is a mixture, not one layer.
+Choices the paper leaves open: docs/methods/fedem.md
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -51,8 +23,7 @@ from ..errors import UsageError
 from ..fl.state import State, clone, select
 from ..fl.train import make_optimizer, mean_loss
 from ..models import HeadedModel
-from .base import Method
-from . import METHODS
+from .base import METHODS, Count, Method, Params, one_of
 
 LOG_PI = "log_pi"  # the client's log mixture weights, a buffer of the Mixture
 EM_TOL = 1e-6  # a new client's EM stops when no weight changes by more than this ...
@@ -109,11 +80,10 @@ def _log(pi: torch.Tensor) -> torch.Tensor:
                   "learned by EM (001 Tables 2-3)")
 class FedEM(Method):
     name = "fedem"
-    defaults: dict[str, Any] = {
-        "components": Field(3, ge=1),  # M (001 5.1: "as suggested by the authors")
-        "reinit": "all",  # all | head: what of components 2..M is initialised afresh
-    }
-    CHOICES = {"reinit": ("all", "head")}
+
+    class Params(Params):
+        components: Count = Field(3, ge=1)  # M (001 5.1: "as suggested by the authors")
+        reinit: one_of("all", "head") = "all"  # all | head: what of components 2..M is initialised afresh
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         if not isinstance(model, HeadedModel):
@@ -127,10 +97,6 @@ class FedEM(Method):
                     module.reset_parameters()
             copies.append(other)
         return Mixture(copies)
-
-    def bind(self, ctx) -> None:
-        super().bind(ctx)
-        self.model_keys = list(ctx.model.state_dict())
 
     def shared_keys(self) -> list[str]:
         return [key for key in super().shared_keys() if key != LOG_PI]
@@ -152,20 +118,17 @@ class FedEM(Method):
         model.load_state_dict(select(state, self.model_keys))
         opt = make_optimizer(self.ctx.optim, model.parameters())
         log_pi = state[LOG_PI]
-        total, steps = torch.zeros((), device=log_pi.device), 0
         q_sum, seen = torch.zeros_like(log_pi), 0
-        for batch in self.ctx.batches(k, epochs=self.ctx.epochs):
+
+        def objective(batch):
+            nonlocal seen
             q = responsibilities(log_pi, self._losses(state, batch.x, batch.y))  # E-step: round-start model
-            model.train()
-            losses = component_losses(model(batch.x, per_component=True), batch.y)
-            loss = (q * losses).sum() / len(batch.y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total += loss.detach()
-            steps += 1
-            q_sum += q.sum(0)
+            q_sum.add_(q.sum(0))
             seen += len(batch.y)
+            model.train()
+            return (q * component_losses(model(batch.x, per_component=True), batch.y)).sum() / len(batch.y)
+
+        total, steps = self.descend(k, opt, objective)
         if not steps:
             return dict(state), float("nan")
         mean = mean_loss(total, steps, self.ctx.max_loss)

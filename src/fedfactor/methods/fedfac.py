@@ -1,39 +1,11 @@
 """FedSplit / FedFac (Wang, Tang and Li; paper 001): factor analysis splits units into shared and personal.
 
-For every layer l in Lambda (`layers`, numbered as `fedfactor.models.weight_layers`: Conv2d/Linear
-1..L in forward order, ResNet shortcut projections not counted, so the paper's {16, 17} for
-ResNet-18 and {15} for VGG-16 mean the same layers here) the server runs a factor analysis on the
-sampled clients' weights of that layer (`fedfactor.analysis.factor`): unit j is shared iff its
-communality nu_j >= tau. Shared units are averaged (sample-weighted, global learning rate eta_g);
-personal units stay with their client. Layers outside Lambda are shared as in FedAvg.
+For every layer in Lambda (`layers`) the server runs a factor analysis of the sampled clients' weights
+of that layer: a unit is shared iff its communality is >= tau; shared units are averaged, personal
+ones stay with their client, other layers are shared as in FedAvg. Dynamic (every round, the default)
+or static (one analysis after a warm-up).
 
-    dynamic (Algorithm 2, the default): a factor analysis every round on the updated weights.
-    static (Algorithm 1): Lambda's layers train locally for `warmup` rounds; the factor analysis of
-        the last warm-up round fixes the split for the rest of the run.
-
-What is sent: layers outside Lambda as FedAvg; of a Lambda layer, the shared units' rows and the
-split (one byte per unit). A round that runs the factor analysis needs every unit of the sampled
-clients, so its upload carries the whole layer (every dynamic round; static: the last warm-up
-round); after that, static FedFac uploads only the shared rows. tau = +-inf needs no analysis.
-
-Choices, each a hyperparameter (docs/papers/fedfac.md). The defaults are the official code's ("as run",
-ffair/FedFac's paper_experiments scripts); `fedfac_text` is the paper's text as written.
-- `tau`: inf, as the scripts run it (`--given_threshold` without a value compares with +inf, so every
-  unit of Lambda is personal: no analysis decides anything); the text's default threshold is the
-  mean communality.
-- `unit_params: local` (official): a split layer's bias and BatchNorm affine parameters stay local;
-  `follow`: they go with their unit (shared or personal).
-- BatchNorm running statistics stay local (`share_bn_stats: false`, the official code).
-- `fa_method: eigen` is the official code's `--direct_eigDecom` (communality from raw eigenvectors);
-  `principal` the paper's iterated principal-factor estimation (eq. 7). `factors: official` counts
-  G as the code does, one factor fewer than the paper's definition (`paper`), and may find none.
-- `split: random` (Table 8 panel B) keeps as many shared units as the factor analysis picked but
-  draws which at random; `mask: shared|personal` (panel A) replaces that group of a split layer's
-  weight by N(0, 1) values whenever a client receives it (for training and for evaluation), as
-  the official code's `--shared_remove` / `--private_remove`.
-- New clients (001 section 3.2, `eval.new_clients`): `localtrain` trains the personal units of the
-  split layers on the new client's data with every shared unit fixed; `ensemble` averages the
-  predicted class probabilities of the existing clients' personalised models.
+Choices the paper leaves open, as run and as written: docs/methods/fedfac.md
 """
 
 from __future__ import annotations
@@ -43,14 +15,14 @@ import time
 from typing import Any, Callable
 
 import torch
+from pydantic import field_validator, model_validator
 
 from ..analysis.factor import factor_analysis, parse_tau, split, unit_matrix
 from ..errors import UsageError
 from ..fl.state import State, select, weighted_average
 from ..fl.train import Phase, derive_seed
 from ..models import resolve_layers, unit_entries
-from .base import Method, variant
-from . import METHODS
+from .base import METHODS, Count, Float, Method, Params, at_least, one_of, variant
 
 MASK = "fedfac.mask."  # payload entry: the split of layer <index>, one bool per unit
 
@@ -59,51 +31,55 @@ MASK = "fedfac.mask."  # payload entry: the split of layer <index>, one bool per
                   "personal; dynamic (every round) by default")
 class FedFac(Method):
     name = "fedfac"
-    defaults: dict[str, Any] = {
-        "layers": [-1],  # Lambda, 1-based (models/layers.py); -1: the last layer before the classifier
-        "mode": "dynamic",  # dynamic (Algorithm 2) | static (Algorithm 1)
-        "warmup": 1,  # static: rounds of local training of the Lambda layers before the one analysis
-        "kappa": 0.85,  # G: smallest number of factors explaining this share of the eigenvalues
+
+    class Params(Params):
+        layers: list = [-1]  # Lambda, 1-based (models/layers.py); -1: the last layer before the classifier
+        mode: one_of("dynamic", "static") = "dynamic"  # dynamic (Algorithm 2) | static (Algorithm 1)
+        warmup: Count = 1  # static: rounds of local training of the Lambda layers before the one analysis
+        kappa: Float = 0.85  # G: smallest number of factors explaining this share of the eigenvalues
         # inf (as run: the official scripts' --given_threshold keeps its default, +inf: every unit of
         # Lambda personal) | mean (the text's default) | a quantile (50% or q50) | -inf (all shared) | a number
-        "tau": "inf",
-        "fa_method": "eigen",  # eigen (the official --direct_eigDecom) | principal (eq. 7, iterated)
-        "factors": "official",  # G: official (the code's count, one fewer) | paper (the smallest m reaching kappa)
-        "max_iter": 100,  # principal-factor iterations at most
-        "tol": 1e-4,  # ... until the specific variances change by less than this
-        "split": "factor",  # factor | random (Table 8 panel B)
-        "mask": "none",  # none | shared | personal (Table 8 panel A)
-        "unit_params": "local",  # local (official) | follow: a split layer's bias and BatchNorm affine parameters
-        "share_bn_stats": False,  # share BatchNorm running statistics (FedAvg does; FedFac's code does not)
-        "global_lr": 1.0,  # eta_g: shared = previous + eta_g * (weighted mean - previous)
-    }
-    CHOICES = {"mode": ("dynamic", "static"), "fa_method": ("principal", "eigen"), "factors": ("official", "paper"),
-               "split": ("factor", "random"),
-               "mask": ("none", "shared", "personal"), "unit_params": ("follow", "local")}
+        tau: str = "inf"
+        # eigen (the official --direct_eigDecom) | principal (eq. 7, iterated)
+        fa_method: one_of("principal", "eigen") = "eigen"
+        # G: official (the code's count, one fewer) | paper (the smallest m reaching kappa)
+        factors: one_of("official", "paper") = "official"
+        max_iter: Count = 100  # principal-factor iterations at most
+        tol: Float = 1e-4  # ... until the specific variances change by less than this
+        split: one_of("factor", "random") = "factor"  # factor | random (Table 8 panel B)
+        mask: one_of("none", "shared", "personal") = "none"  # none | shared | personal (Table 8 panel A)
+        # local (official) | follow: a split layer's bias and BatchNorm affine parameters
+        unit_params: one_of("follow", "local") = "local"
+        share_bn_stats: bool = False  # share BatchNorm running statistics (FedAvg does; FedFac's code does not)
+        global_lr: Float = 1.0  # eta_g: shared = previous + eta_g * (weighted mean - previous)
 
-    @classmethod
-    def validate_params(cls, params):
-        params = dict(params)
-        if "tau" in params and not isinstance(params["tau"], str):
-            params["tau"] = str(params["tau"])  # YAML reads 0.5 and .inf as numbers
-        if isinstance(params.get("layers"), int):
-            params["layers"] = [params["layers"]]
-        hp = super().validate_params(params)
-        try:
-            parse_tau(hp["tau"])
-        except ValueError as e:
-            raise UsageError(f"method.{e}") from None
-        if not hp["layers"] or not all(isinstance(i, int) and not isinstance(i, bool) and i != 0 for i in hp["layers"]):
-            raise UsageError(f"method.layers must be a non-empty list of layer numbers (1..L, or -1 for the layer "
-                             f"before the classifier), got {hp['layers']!r}")
-        if not 0 < hp["kappa"] <= 1:
-            raise UsageError(f"method.kappa must be in (0, 1] (got {hp['kappa']})")
-        for key in ("warmup", "max_iter"):
-            if hp[key] < (1 if key == "warmup" else 0):
-                raise UsageError(f"method.{key} must be >= {1 if key == 'warmup' else 0} (got {hp[key]})")
-        if hp["global_lr"] <= 0 or hp["tol"] <= 0:
-            raise UsageError("method.global_lr and method.tol must be > 0")
-        return hp
+        @field_validator("tau", mode="before")
+        @classmethod
+        def _tau_as_text(cls, v):
+            return v if isinstance(v, str) else str(v)  # YAML reads 0.5 and .inf as numbers
+
+        @field_validator("layers", mode="before")
+        @classmethod
+        def _one_layer(cls, v):
+            return [v] if isinstance(v, int) else v
+
+        @model_validator(mode="after")
+        def _check(self):
+            try:
+                parse_tau(self.tau)
+            except ValueError as e:
+                raise UsageError(f"method.{e}") from None
+            if not self.layers or not all(isinstance(i, int) and not isinstance(i, bool) and i != 0
+                                          for i in self.layers):
+                raise UsageError(f"method.layers must be a non-empty list of layer numbers (1..L, or -1 for the layer "
+                                 f"before the classifier), got {self.layers!r}")
+            if not 0 < self.kappa <= 1:
+                raise UsageError(f"method.kappa must be in (0, 1] (got {self.kappa})")
+            at_least("warmup", self.warmup, 1)
+            at_least("max_iter", self.max_iter, 0)
+            if self.global_lr <= 0 or self.tol <= 0:
+                raise UsageError("method.global_lr and method.tol must be > 0")
+            return self
 
     def __init__(self, **params: Any):
         super().__init__(**params)

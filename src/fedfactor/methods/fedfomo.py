@@ -1,45 +1,11 @@
 """FedFOMO (Zhang, Sapra, Fidler, Yeung & Alvarez, ICLR 2021; a baseline of 000/002 C.1 and 003).
 
 The server stores every client's latest model. Each round client k downloads H = `models_downloaded`
-other clients' models, scores each on its own validation split and weighs model n by the first-order
-gain per distance
+other clients' models, scores each on its own validation split, weighs model n by the first-order
+gain per distance w_n = max(0, (L_k(theta_k) - L_k(theta_n)) / ||theta_n - theta_k||) and moves
+towards the helpful ones.
 
-    w_n = max(0, (L_k(theta_k) - L_k(theta_n)) / ||theta_n - theta_k||),
-
-normalises the positive weights and sets theta_k <- theta_k + sum_n w_n (theta_n - theta_k); when no
-model helps it keeps its own. It then trains locally and uploads its model. The server adds the
-client's weights (before clipping) to its row of the affinity matrix P and picks the next round's H
-models per client epsilon-greedily: each of the H picks is, with probability epsilon_r, the next of a
-random order of the other clients, otherwise the next by affinity (ties in random order).
-
-Choices the papers leave open, and how they are settled:
-- The "+1" of 002 Table 5 (S2C (H+1) W, C2S W; Table 1: 122.33 vs FedAvg's 20.39 GB, i.e.
-  (H + 2) / 2 = 6x for H = 10): the client's own model. FL-bench (src/server/fedfomo.py) keeps every
-  client's model on the server and sends it with the others, its clients holding no state; here
-  `own_from_server: true` (default) does the same: the client starts from its own model as the
-  server sent it. `false` keeps it on the client and downloads only the H others.
-- The client returns its H weights (float32) with its model, so the server can update P: that is
-  sent and counted, 4 H bytes a client a round on top of 002's count (40 bytes for H = 10).
-- epsilon = 0.3, decreased by 0.05 a round (epsilon_r = max(0, 0.3 - 0.05 (r - 1)): greedy from
-  round 7) and the greedy/random pick loop are the official code's (NVlabs/FedFomo, federated/
-  configs.py CLIENT_WEIGHT, client.py get_federating_clients). H = 10 is 002 C.4's setting; the
-  official default is 8 (FL-bench's 5).
-- theta_k in the rule is the client's current model (the paper; FL-bench). The official code
-  compares against the model the client started the previous round from, which gives its own
-  trained model a weight as well. The distance is the L2 norm (the paper, FL-bench; the official
-  default is L1) over the shared parameters; BatchNorm running statistics are mixed, not measured.
-  A model at distance 0 (identical) gets weight 0. P accumulates the unclipped w_n, as FL-bench;
-  the official code divides them by |sum_n w_n| first.
-- Candidates are all other clients, each with its latest model and, before its first upload, the
-  initial one. So in round 1 a client gets H copies of the initial model; each scores w = 0 (same
-  loss, distance 0) and the client keeps its own: the round costs what 002 counts and changes
-  nothing. The official code skips the exchange in round 1 (clients first train locally), FL-bench
-  sends only the own model, and both restrict later candidates to the previous round's uploaders,
-  which under full participation (002's setting) are all clients.
-- L_k is the mean cross-entropy on client k's validation split (`data.split` val share or
-  `partition.samples_per_client.val`); a run without one is refused.
-Under `fl.head` local heads stay on their clients: only bodies are sent, and another client's body
-is scored with client k's own head.
+Choices the paper leaves open: docs/methods/fedfomo.md
 """
 
 from __future__ import annotations
@@ -51,8 +17,7 @@ from pydantic import Field
 from ..errors import UsageError
 from ..fl.state import State, clone, select
 from ..fl.train import derive_seed
-from .base import Method
-from . import METHODS
+from .base import METHODS, Count, Float, Method, Params
 
 PEER = "peer."  # payload entries of another client's model: "peer.<client>.<entry>"
 WEIGHTS = "fomo.weights"  # the client's w_n for the models it received, in the order sent
@@ -91,12 +56,12 @@ def select_peers(affinity: np.ndarray, h: int, epsilon: float, rng: np.random.Ge
                   "lower its validation loss, weighted by loss gain per distance")
 class FedFOMO(Method):
     name = "fedfomo"
-    defaults = {
-        "models_downloaded": Field(10, ge=1),  # H (002 C.4)
-        "epsilon": Field(0.3, ge=0, le=1),  # exploration probability in round 1 (official code)
-        "epsilon_decay": Field(0.05, ge=0),  # subtracted each round (official code)
-        "own_from_server": True,  # the client's own model comes with the H others (the "+1")
-    }
+
+    class Params(Params):
+        models_downloaded: Count = Field(10, ge=1)  # H (002 C.4)
+        epsilon: Float = Field(0.3, ge=0, le=1)  # exploration probability in round 1 (official code)
+        epsilon_decay: Float = Field(0.05, ge=0)  # subtracted each round (official code)
+        own_from_server: bool = True  # the client's own model comes with the H others (the "+1")
 
     def bind(self, ctx) -> None:
         super().bind(ctx)

@@ -3,8 +3,7 @@ from pydantic import Field
 
 from ..fl.state import State
 from ..fl.train import ClientLoss, Phase
-from .base import Method
-from . import METHODS
+from .base import METHODS, Float, Method, Params
 
 
 def proximal(anchor: State, weight: float) -> ClientLoss:
@@ -24,7 +23,9 @@ def _proximal(params, batch, logits, inputs):
 @METHODS.register("fedprox", "FedProx (Li et al. 2020): FedAvg plus a proximal term mu/2 ||w - w_global||^2")
 class FedProx(Method):
     name = "fedprox"
-    defaults = {"mu": Field(0.01, ge=0)}
+
+    class Params(Params):
+        mu: Float = Field(0.01, ge=0)
 
     def plan(self, k, state, received):
         # The anchor is the global model as received this round; personal parameters (a local

@@ -5,47 +5,32 @@ personal. A round of local training is two phases (Algorithm 1): the head trains
 frozen for `head_epochs` epochs, then the body trains with the head frozen; the client uploads
 the body only.
 
-Choices the paper leaves open, and how they are settled here:
-- Epochs: the paper runs "ten local epochs ... to train the local head, followed by one or five
-  epochs for the representation" (its experiments), so `head_epochs` = 10 and the body trains for the
-  run's local epochs (`fl.epochs`: the paper's one or five). FL-bench instead splits fl.epochs into
-  fl.epochs - 1 head epochs and 1 body epoch (`train_body_epoch`); PFLlib runs `plocal_epochs`
-  head epochs then fl.epochs body epochs, as here.
-- Each phase gets a fresh optimizer of the run's kind, learning rate and momentum (the paper uses
-  SGD with momentum: set fl.momentum); no optimizer state is kept between phases or rounds.
-- "Body" is every entry outside the classifier, BatchNorm included: its affine parameters train in
-  the body phase; its running statistics, updated whenever the model runs in training mode (both
-  phases), are averaged with the body, as FedAvg averages them.
-- The head is the model's classifier (Context.head_keys), personal whatever the scenario.
-- New clients (`eval.new_clients`, 001 Table 3 maps FedRep to LocalTrain): `localtrain` keeps the
-  received body fixed (its BatchNorm running statistics too) and trains a head, from the initial
-  one, on the new client's own data for `head_epochs` epochs, in addition to the strategies every
-  method has.
+Choices the paper leaves open: docs/methods/fedrep.md
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from ..errors import UsageError
+from pydantic import model_validator
+
 from ..fl.state import State
 from ..fl.train import Phase
-from .base import Method
-from . import METHODS
+from .base import METHODS, Count, Method, Params, at_least
 
 
 @METHODS.register("fedrep", "FedRep (Collins et al. 2021): shared body, personal head; each round trains the head "
                   "with the body frozen, then the body with the head frozen")
 class FedRep(Method):
     name = "fedrep"
-    defaults = {"head_epochs": 10}  # the FedRep paper's ten head epochs per round
 
-    @classmethod
-    def validate_params(cls, params):
-        hp = super().validate_params(params)
-        if hp["head_epochs"] < 1:
-            raise UsageError(f"method.head_epochs must be >= 1 (got {hp['head_epochs']})")
-        return hp
+    class Params(Params):
+        head_epochs: Count = 10  # the FedRep paper's ten head epochs per round
+
+        @model_validator(mode="after")
+        def _check(self):
+            at_least("head_epochs", self.head_epochs, 1)
+            return self
 
     def bind(self, ctx) -> None:
         super().bind(ctx)

@@ -1,5 +1,4 @@
-from .base import Method
-from . import METHODS
+from .base import METHODS, Method
 
 
 @METHODS.register("local", "Stand-Alone: every client trains only on its own data and shares nothing")

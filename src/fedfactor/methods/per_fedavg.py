@@ -1,54 +1,23 @@
 """Per-FedAvg (Fallah, Mokhtari and Ozdaglar, NeurIPS 2020): FedAvg of a MAML objective.
 
-The shared model w is trained to be a good starting point for one step of local gradient descent
-(Factorized-FL supplement C.1, SimFed 5.1). A local meta-step, on minibatches D, D' (and D''):
+The shared model w is trained to be a good starting point for one step of local gradient descent:
+local meta-steps temp = w - alpha grad f(w; D), w <- w - beta grad f(temp; D') (first order; `hf`
+adds the Hessian-vector term). A client is scored after one adaptation step on its own data.
 
-    temp = w - alpha grad f(w; D)
-    fo:  w <- w - beta grad f(temp; D')                                  (first order)
-    hf:  w <- w - beta (I - alpha H(w; D'')) grad f(temp; D')            (Hessian-free)
-
-Clients share and the server averages what FedAvg does. A client is scored after one adaptation
-step, w - alpha grad f(w; D) on one minibatch of its own training data (`evaluation_state`), the
-received or trained model alike, new clients included (their `received` model adapted is the
-paper's rule for unseen users).
-
-Choices the papers leave open, and how they are settled:
-- alpha and beta default to the run's fl.lr (null): FL-bench and PFLlib take alpha from the local
-  optimizer's learning rate; PFLlib also sets beta to it (its maintainer finds that suits most
-  settings), and FL-bench's beta default 1e-3 is that value under Factorized-FL's lr (002 C.2).
-- A round's meta-steps (`steps`): 0, the default, makes each of the run's local epochs one pass over
-  the client's data in meta-steps of 2 (fo) or 3 (hf) minibatches, as FL-bench and PFLlib do; a
-  last incomplete group is topped up from a new pass, so every client takes at least one meta-step.
-  `steps` > 0 is the paper's fixed number tau of meta-steps per round.
-- The Hessian-vector product is exact (double backward on D'') where the paper approximates it by
-  finite differences of gradients (its delta -> 0 limit).
-- The meta update w <- w - beta * direction uses the run's optimizer (fl.optimizer, momentum,
-  weight decay; state restarted every round, as FedAvg's) with learning rate beta: plain SGD, the
-  paper's step, under the default config. The inner step is the plain gradient step of the
-  objective's definition.
-- BatchNorm running statistics follow every forward pass in train mode (as in PFLlib); the mean
-  training loss reported is the meta-objective f(temp; D') over the round's meta-steps.
-- `variant: fo` by default (FL-bench's default, and the cheaper of the two); `per_fedavg_hf` is
-  the Hessian-free preset.
-
-The adaptation batch is drawn from a stream of its own per (seed, round, client), so it is the same
-however often the client is scored and never moves the random stream its training uses.
+Choices the paper leaves open: docs/methods/per_fedavg.md
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from ..errors import UsageError
 from ..fl.state import State
 from ..fl.train import Batch, derive_seed, make_optimizer, mean_loss
-from .base import Method, variant
-from . import METHODS
+from .base import METHODS, Count, Method, Params, one_of, positive_or_none, variant
 
 ADAPTATION_STREAM = 2**31 + 4  # derive_seed tag of the adaptation batch's stream
 
@@ -57,26 +26,20 @@ ADAPTATION_STREAM = 2**31 + 4  # derive_seed tag of the adaptation batch's strea
                   "aggregation, scored after one adaptation step; first-order by default")
 class PerFedAvg(Method):
     name = "per_fedavg"
-    defaults: dict[str, Any] = {
-        "alpha": None,  # inner (adaptation) step size; null: the run's fl.lr
-        "beta": None,  # meta step size; null: the run's fl.lr
-        "variant": "fo",  # fo (first order) | hf (Hessian-free: exact Hessian-vector product)
-        "steps": Field(0, ge=0),  # meta-steps per round; 0: fl.epochs passes over the data
-    }
-    CHOICES = {"variant": ("fo", "hf")}
 
-    @classmethod
-    def validate_params(cls, params):
-        for key in ("alpha", "beta"):
-            value = params.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not 0 < value < math.inf):
-                raise UsageError(f"method.{key} must be a number > 0, or null for the run's fl.lr (got {value!r})")
-        return super().validate_params(params)
+    class Params(Params):
+        alpha: int | float | None = None  # inner (adaptation) step size; null: the run's fl.lr
+        beta: int | float | None = None  # meta step size; null: the run's fl.lr
+        variant: one_of("fo", "hf") = "fo"  # fo (first order) | hf (Hessian-free: exact Hessian-vector product)
+        steps: Count = Field(0, ge=0)  # meta-steps per round; 0: fl.epochs passes over the data
+
+        @field_validator("alpha", "beta", mode="before")
+        @classmethod
+        def _step(cls, value, info):
+            return positive_or_none(info.field_name, value, "the run's fl.lr")
 
     def bind(self, ctx) -> None:
         super().bind(ctx)
-        self.model_keys = list(ctx.model.state_dict())
         self.buffer_names = [key for key, _ in ctx.model.named_buffers()]
 
     @property

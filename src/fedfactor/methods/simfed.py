@@ -1,22 +1,10 @@
 """SimFed (paper 003, the earlier submission of Factorized-FL) and its ablations.
 
-The server holds a fixed Gaussian "criteria input" x_N (003, eq. 2), sent once to each client. Each
-client returns, with its factor sets, its embedding z_k = E_k(x_N): the body's features of x_N,
-computed with the model in evaluation mode. The server matches clients by the cosine similarity of
-the embeddings (eq. 3, threshold tau) and reflects knowledge per client (eq. 8):
+Factorized layers as Factorized-FL; the server matches clients by the cosine similarity of their
+embeddings of a fixed Gaussian "criteria input" (eqs. 2-3, threshold tau) and reflects knowledge per
+client with softmax(alpha * sigma) weights over the matched clients (eq. 8; alpha is `epsilon`).
 
-    theta_k <- theta_k + sum_j softmax(alpha * sigma)_j (theta_j - theta_k)   for every factor set,
-
-over the matched clients j. The matched set includes client k itself (sigma_k = 1 >= tau, as eq. 3
-runs over all K clients); its term is zero, but its weight keeps the reflection a step towards the
-others rather than a replacement by them. The step is then the softmax mixture the Factorized-FL
-base class computes (with the `paper` weighting), which the tests check against eq. 8 by hand.
-
-The paper's alpha is `epsilon` here. Layers use SimFed's factorization axes (u in R^{I*F},
-v in R^{O*F}, eq. 6). The classifier is reflected only where heads can be shared (003: "the
-classifier layers are not aggregated in the label- and domain-heterogeneous settings").
-Hyperparameters (003, 5.1): tau 0.9, alpha 30, lambda 1e-4; SGD lr 5e-2, weight decay 1e-4, batch
-128 belong to the run config (config/runs/simfed.yaml).
+How it is settled here: docs/methods/simfed.md
 """
 
 from __future__ import annotations
@@ -24,9 +12,8 @@ from __future__ import annotations
 import torch
 
 from ..fl.state import State
-from .base import variant
+from .base import METHODS, Count, variant
 from .factorized_fl import FactorizedFL
-from . import METHODS
 
 CRITERIA = "simfed.criteria"  # the client's copy of x_N, kept in its state
 
@@ -35,14 +22,14 @@ CRITERIA = "simfed.criteria"  # the client's copy of x_N, kept in its state
                   "shared random input, personalised knowledge reflection")
 class SimFed(FactorizedFL):
     name = "simfed"
-    # No SimFed code was published. Its matching follows its text (tau 0.9, alpha 30, threshold rule);
-    # its layers and client follow the official code of its successor, Factorized-FL, which still
-    # computes SimFed's criteria-input embeddings (L1 without gradient, dense mu Xavier, M sent
-    # unpruned, SGD momentum kept across rounds).
-    # `simfed_text` is the text throughout.
-    defaults = {**FactorizedFL.defaults, "layout": "simfed", "l1": 1e-4, "mu_threshold": 1e-4, "share": "uvm",
-                "share_bn": True, "tau": 0.9, "epsilon": 30.0, "num_matched": 2, "criteria_inputs": 1,
-                "weighting": "paper", "minimum_aggr": 1, "match_layer": "before_head", "reset_head": False}
+    # No SimFed code was published: its text, and Factorized-FL's code where it is silent (docs/methods/simfed.md)
+    preset = {"layout": "simfed", "l1": 1e-4, "mu_threshold": 1e-4, "share": "uvm", "share_bn": True, "tau": 0.9,
+              "epsilon": 30.0, "num_matched": 2, "weighting": "paper", "minimum_aggr": 1, "match_layer": "before_head",
+              "reset_head": False}
+
+    class Params(FactorizedFL.Params):
+        criteria_inputs: Count = 1  # Gaussian inputs x_N the embeddings are taken of
+
     key_name = "similarity_z"
 
     def personal_head(self) -> bool:
