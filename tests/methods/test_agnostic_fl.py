@@ -9,7 +9,8 @@ from fedfactor.cli import main
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
 from fedfactor.simulator import Simulator
-from fedfactor.methods.agnostic_fl import LOSS, entropy, project_simplex
+from fedfactor.analysis.mixture import entropy, project_simplex
+from fedfactor.methods.agnostic_fl import LOSS
 
 from ..conftest import record_uploads
 

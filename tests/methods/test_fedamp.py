@@ -8,7 +8,7 @@ from fedfactor.config import load_config
 from fedfactor.errors import UsageError
 from fedfactor.simulator import Simulator
 from fedfactor.fl.train import Batch
-from fedfactor.methods.fedamp import attention, mix, squared_distances
+from fedfactor.analysis.similarity import attention, mix, squared_distances
 
 CNN_FLOATS = 188810  # every float entry of the tiny cnn (digits, 10 classes); it has no BatchNorm
 

@@ -1,7 +1,8 @@
 """Client-to-client similarity and the personalised mixing weights built from it.
 
 Factorized-FL (000, eqs. 4-5) and SimFed (003, eqs. 3 and 8) give every client its own mixture of
-the clients whose key vector (v^{L-1}, or an embedding of a shared random input) is most similar.
+the clients whose key vector (v^{L-1}, or an embedding of a shared random input) is most similar;
+FedAMP (Huang et al., AAAI 2021) mixes all clients' models by an attention on their squared distances.
 """
 
 from __future__ import annotations
@@ -66,3 +67,31 @@ def mixing_weights(sim: torch.Tensor, matching: Matching = "similarity", weighti
         chosen[k, k] = True
     logits = torch.where(chosen, epsilon * sigma, torch.tensor(float("-inf"), dtype=torch.float64))
     return torch.softmax(logits, dim=1)
+
+
+# FedAMP (Huang et al., AAAI 2021): attention over the clients' models by their squared distance
+
+def squared_distances(models: list[dict[str, torch.Tensor]], keys: list[str]) -> torch.Tensor:
+    """D[i, j] = ||w_i - w_j||^2 over `keys`, in float64, summed key by key (no flattened copies)."""
+    device = models[0][keys[0]].device
+    d = torch.zeros(len(models), len(models), dtype=torch.float64, device=device)
+    for key in keys:
+        x = torch.stack([m[key].reshape(-1) for m in models]).to(torch.float64)
+        d += torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist") ** 2
+    return d
+
+
+def attention(distances: torch.Tensor, alpha: float, sigma: float) -> torch.Tensor:
+    """xi_kj = alpha exp(-D_kj / sigma) / sigma off the diagonal; each row sums to 1 through xi_kk."""
+    xi = alpha * torch.exp(-distances / sigma) / sigma
+    xi.fill_diagonal_(0)
+    return xi + torch.diag(1 - xi.sum(1))
+
+
+def mix(models: list[dict[str, torch.Tensor]], weights: torch.Tensor) -> dict[str, torch.Tensor]:
+    """sum_j weights_j models_j key by key, in float64 (self weights far below 0 cancel large terms)."""
+    out = {}
+    for key, ref in models[0].items():
+        stacked = torch.stack([m[key] for m in models]).to(torch.float64)
+        out[key] = torch.tensordot(weights.to(stacked), stacked, dims=1).to(ref.dtype)
+    return out

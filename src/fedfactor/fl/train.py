@@ -162,6 +162,19 @@ def make_optimizer(optim: Optim, params: Iterable[torch.Tensor] | list[dict], lr
     return torch.optim.SGD(params, lr=lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
 
 
+def run_with(module: torch.nn.Module, weights: Mapping[str, torch.Tensor], x: torch.Tensor,
+             training: bool = False) -> torch.Tensor:
+    """module(x) on `weights` instead of its own, in training or eval mode, without gradients; the
+    module's mode is put back. BatchNorm in training mode updates the running statistics in `weights`."""
+    was_training = module.training
+    module.train(training)
+    try:
+        with torch.no_grad():
+            return torch.func.functional_call(module, dict(weights), (x,))
+    finally:
+        module.train(was_training)
+
+
 class Trainer:
     """Runs phases and evaluations for any client on the shared model; holds no client state."""
 

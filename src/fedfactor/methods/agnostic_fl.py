@@ -15,37 +15,12 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from ..analysis.mixture import entropy, project_simplex
 from ..errors import UsageError
 from ..fl.state import State, select, weighted_average
 from .base import METHODS, Float, Method, Params
 
 LOSS = "agnostic.loss"  # the client's L_k: its train loss under the model it received this round
-
-
-def project_simplex(v: torch.Tensor, floor: float = 0.0) -> torch.Tensor:
-    """The Euclidean projection of v onto {x : sum x = 1, x_k >= floor} (floor <= 1 / len(v)).
-
-    Sort-based: with u = v - floor sorted in decreasing order and mass = 1 - K floor, the largest rho
-    with u_rho > (sum_{i <= rho} u_i - mass) / rho fixes the shift theta; x = max(v - floor - theta, 0)
-    + floor. In float64.
-    """
-    v = v.to(torch.float64)
-    K = len(v)
-    mass = 1.0 - K * floor
-    if mass <= 1e-12:  # the floor leaves a single point
-        return torch.full_like(v, 1.0 / K)
-    u = torch.sort(v - floor, descending=True).values
-    excess = torch.cumsum(u, 0) - mass
-    rank = torch.arange(1, K + 1, dtype=torch.float64)
-    rho = int(torch.nonzero(u - excess / rank > 0).max())  # the largest element always qualifies
-    theta = excess[rho] / (rho + 1)
-    return (v - floor - theta).clamp_min(0) + floor
-
-
-def entropy(p: torch.Tensor) -> float:
-    """Shannon entropy (nats); log K for uniform weights, 0 when one client holds all of it."""
-    p = p[p > 0].to(torch.float64)
-    return float(-(p * p.log()).sum())
 
 
 @METHODS.register("agnostic_fl", "Agnostic-FL (Mohri, Sivek & Suresh, ICML 2019): one model for the worst mixture "
@@ -63,7 +38,6 @@ class AgnosticFL(Method):
             raise UsageError(f"method.lambda_min={self.hp.lambda_min:g} leaves no weights summing to 1 over "
                              f"{ctx.num_clients} clients; it must be at most 1/{ctx.num_clients}")
 
-    # -- server side -----------------------------------------------------------------------------
     def init_server(self, init_state):
         K = self.ctx.num_clients
         # lambda never travels: a plain CPU tensor, also in `fedfactor cost` (meta) runs
@@ -94,7 +68,6 @@ class AgnosticFL(Method):
         self.ctx.log("agnostic_losses", reported)
         return new
 
-    # -- client side -----------------------------------------------------------------------------
     def init_client(self, k: int, init_state) -> State:
         state = super().init_client(k, init_state)
         device = next(iter(init_state.values())).device

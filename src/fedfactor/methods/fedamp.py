@@ -12,36 +12,11 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+from ..analysis.similarity import attention, mix, squared_distances
 from ..fl.state import State, clone, select
 from ..fl.train import Phase
 from .base import METHODS, Count, Float, Method, Params
 from .fedprox import proximal
-
-
-def squared_distances(models: list[State], keys: list[str]) -> torch.Tensor:
-    """D[i, j] = ||w_i - w_j||^2 over `keys`, in float64, summed key by key (no flattened copies)."""
-    device = models[0][keys[0]].device
-    d = torch.zeros(len(models), len(models), dtype=torch.float64, device=device)
-    for key in keys:
-        x = torch.stack([m[key].reshape(-1) for m in models]).to(torch.float64)
-        d += torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist") ** 2
-    return d
-
-
-def attention(distances: torch.Tensor, alpha: float, sigma: float) -> torch.Tensor:
-    """xi_kj = alpha exp(-D_kj / sigma) / sigma off the diagonal; each row sums to 1 through xi_kk."""
-    xi = alpha * torch.exp(-distances / sigma) / sigma
-    xi.fill_diagonal_(0)
-    return xi + torch.diag(1 - xi.sum(1))
-
-
-def mix(models: list[State], weights: torch.Tensor) -> State:
-    """sum_j weights_j models_j key by key, in float64 (self weights far below 0 cancel large terms)."""
-    out = {}
-    for key, ref in models[0].items():
-        stacked = torch.stack([m[key] for m in models]).to(torch.float64)
-        out[key] = torch.tensordot(weights.to(stacked), stacked, dims=1).to(ref.dtype)
-    return out
 
 
 @METHODS.register("fedamp", "FedAMP (Huang et al., AAAI 2021): each client trains its own model with a proximal "
@@ -66,7 +41,6 @@ class FedAMP(Method):
         decays = (max(rnd, 1) - 1) // every if every else 0
         return self.hp.alpha * self.hp.alpha_decay ** decays
 
-    # -- server side -----------------------------------------------------------------------------
     def init_server(self, init_state):
         init = clone(select(init_state, self.keys))
         K = self.ctx.num_clients
@@ -93,7 +67,6 @@ class FedAMP(Method):
             self.ctx.log("amp_self_weight_min", float(xi.diagonal().min()))
         return server
 
-    # -- client side -----------------------------------------------------------------------------
     def receive(self, k: int, state: State, payload: State) -> State:
         return state  # u_k is only the proximal anchor: the client keeps training its own model
 

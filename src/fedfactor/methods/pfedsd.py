@@ -1,11 +1,8 @@
-"""pFedSD (Jin, Bai, Yao, Dai, Gu, Yu and Sun, IEEE TPDS 2023, "Personalized Edge Intelligence via
-Federated Self-Knowledge Distillation").
+"""pFedSD (Jin et al., IEEE TPDS 2023): personalized edge intelligence via federated self-knowledge distillation.
 
 FedAvg's rounds; a client trains the received global model on cross-entropy plus
 lambda T^2 KL(softmax(t / T) || softmax(s / T)) towards its own previous personalised model (the
-teacher t), and is scored with the model it trained.
-
-Choices the paper leaves open: docs/methods/pfedsd.md
+teacher t), and is scored with the model it trained. Choices the paper leaves open: docs/methods/pfedsd.md
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from ..fl.state import State
-from ..fl.train import Phase
+from ..fl.train import Phase, run_with
 from .base import METHODS, Float, Method, Params, one_of
 
 TEACHER = "pfedsd.teacher."  # prefix of the kept personalised model's entries in a client's state
@@ -49,16 +46,9 @@ class PFedSD(Method):
         return {key: state[TEACHER + key] for key in self.model_keys}
 
     def teacher_logits(self, teacher: State, x: torch.Tensor) -> torch.Tensor:
-        model = self.ctx.model
         # BatchNorm in training mode updates running statistics in place: let it update copies.
         weights = {**teacher, **{key: teacher[key].clone() for key in self.buffer_names}}
-        training = model.training
-        model.train(self.hp.teacher_mode == "train")
-        try:
-            with torch.no_grad():
-                return torch.func.functional_call(model, weights, (x,))
-        finally:
-            model.train(training)
+        return run_with(self.ctx.model, weights, x, training=self.hp.teacher_mode == "train")
 
     def plan(self, k: int, state: State, received: State) -> list[Phase]:
         teacher = self.teacher(state)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..fl.state import State
+from ..fl.train import run_with
 from .base import METHODS, Count, variant
 from .factorized_fl import FactorizedFL
 
@@ -49,16 +50,8 @@ class SimFed(FactorizedFL):
         return payload
 
     def match_key(self, k: int, state: State) -> torch.Tensor:
-        body = self.ctx.model.body
         weights = {key[len("body."):]: t for key, t in state.items() if key.startswith("body.")}
-        was_training = body.training
-        body.eval()
-        try:
-            with torch.no_grad():
-                z = torch.func.functional_call(body, weights, (state[CRITERIA],))
-        finally:
-            body.train(was_training)
-        return z.reshape(-1)
+        return run_with(self.ctx.model.body, weights, state[CRITERIA]).reshape(-1)
 
 
 variant("simfed_text", "SimFed as its text describes it (ablation of the default): L1 with a gradient, mu from "
