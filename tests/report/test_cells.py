@@ -8,18 +8,9 @@ from fedfactor.errors import UsageError
 from fedfactor.report.cells import load_runs
 from fedfactor.report.spec import StudySpec
 
+from .test_spec import _doc  # the toy study both files build on
+
 PROTOCOL = {"test_pool": "client", "model": "received", "report": "best"}
-
-
-def _doc(**changes):
-    doc = {
-        "study": "toy", "title": "toy study", "smoke": False, "seeds": [0, 1], "scenarios": ["s1", "s2"],
-        "methods": {"a": {"name": "fedavg", "implemented": True}, "b": {"name": "fedper", "implemented": False}},
-        "claims": [{"id": "c1", "claim": "a beats b", "source": "Table 1", "kind": "order", "a": "a", "b": "b",
-                    "scenarios": ["s1"]}],
-    }
-    doc.update(changes)
-    return doc
 
 
 def _summary(path, scenario, method, seed, protocol=PROTOCOL, dataset="cifar10"):
