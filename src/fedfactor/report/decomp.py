@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..config import MAX_EPOCHS
 from ..errors import UsageError
 from .figures import (DatasetKey, _read_metrics, decorate, holds_numbers, is_synthetic, legend_outside, mean_band,
-                      method_styles, panel_grid, save_figure)
+                      method_styles, panel_grid, rounds_axis, save_figure)
 from .runs import find_summaries, read_summary
 
 DIAGNOSTICS = {
@@ -103,8 +103,6 @@ def decomposition_figure(paths: Sequence[str | Path], out: str | Path, title: st
 def draw_decomposition(data: pd.DataFrame, out: str | Path, title: str = "", smoke: bool = False,
                        styles: dict | None = None) -> pd.DataFrame:
     """`decomposition_figure` of `decomposition_data`'s rows; `styles`: method -> line style."""
-    from matplotlib.ticker import MaxNLocator
-
     columns = [c for c in DIAGNOSTICS if c in data]
     scenarios = list(dict.fromkeys(data["scenario"]))
     methods = list(dict.fromkeys(data["method"]))
@@ -117,9 +115,8 @@ def draw_decomposition(data: pd.DataFrame, out: str | Path, title: str = "", smo
                 if not d.empty:
                     mean_band(ax, d, column, label=method, scale=1.0, **styles[method])
             ax.set_title(f"{scenario}: {DIAGNOSTICS[column]}", fontsize="small")
-            ax.set_xlabel("communication round")
+            rounds_axis(ax)
             ax.set_ylabel("L2 distance (parameter units)", fontsize="small")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
     _finish(fig, axes, out, title, smoke)
     last = data.sort_values("round").groupby(["scenario", "method", "seed"]).last().reset_index()

@@ -202,6 +202,14 @@ def holds_numbers(column: pd.Series) -> bool:
     return pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
 
 
+def rounds_axis(ax) -> None:
+    """An x axis of communication rounds, with whole-number ticks only."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("communication round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def mean_band(ax, frame, column: str, color, label: str, scale: float = 100.0, x: str | None = None,
               x_scale: float = 1.0, linestyle: str = "-") -> None:
     """The mean over seeds of `column` per round, times `scale` (accuracies in %), with a +-std band.
@@ -224,8 +232,6 @@ def accuracy_curves(curves: pd.DataFrame, out: str | Path, title: str = "", smok
     with "synthetic:"), or `smoke`, mark the figure as a smoke run. Returns the panel titles, in the
     order the scenarios first appear in `curves`.
     """
-    from matplotlib.ticker import MaxNLocator
-
     smoke = smoke or ("dataset" in curves and curves["dataset"].map(is_synthetic).any())
     scenarios = list(dict.fromkeys(curves["scenario"]))
     methods = list(dict.fromkeys(curves["method"]))
@@ -237,8 +243,7 @@ def accuracy_curves(curves: pd.DataFrame, out: str | Path, title: str = "", smok
             if not d.empty:
                 mean_band(ax, d, "accuracy_mean", label=method, **styles[method])
         ax.set_title(scenario)
-        ax.set_xlabel("communication round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        rounds_axis(ax)
         ax.grid(alpha=0.3)
     for ax in axes[:, 0]:
         ax.set_ylabel("mean client accuracy [%]")

@@ -564,9 +564,7 @@ def summary_markdown(cfg: SimulationConfig, runs, seconds: float | None = None) 
 
 def figure6(cfg: SimulationConfig, rounds, out: str | Path) -> None:
     """Six panels (p sweep, alpha sweep): mean client test accuracy per round per decomposition."""
-    from matplotlib.ticker import MaxNLocator
-
-    from .figures import legend_outside, mean_band, method_styles, pyplot, save_figure
+    from .figures import legend_outside, mean_band, method_styles, pyplot, rounds_axis, save_figure
 
     plt = pyplot()
     panels = panels_of(cfg)
@@ -580,8 +578,7 @@ def figure6(cfg: SimulationConfig, rounds, out: str | Path) -> None:
             d = rounds[(rounds.p == p) & (rounds.alpha == alpha) & (rounds.decomposition == name)]
             mean_band(ax, d, "accuracy", label=name, **styles[name])
         ax.set_title(title)
-        ax.set_xlabel("communication round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        rounds_axis(ax)
         ax.grid(alpha=0.3)
     for ax in axes[:, 0]:
         ax.set_ylabel("mean client test accuracy [%]")
@@ -595,9 +592,7 @@ def figure6(cfg: SimulationConfig, rounds, out: str | Path) -> None:
 
 def figure7(cfg: SimulationConfig, rounds, out: str | Path) -> None:
     """Dynamic FedFac: share of units that did not change state since the previous round."""
-    from matplotlib.ticker import MaxNLocator
-
-    from .figures import legend_outside, pyplot, save_figure
+    from .figures import legend_outside, pyplot, rounds_axis, save_figure
 
     fig, ax = pyplot().subplots(figsize=(6.4, 4.0), layout="constrained")
     d = rounds[(rounds.decomposition == "dynamic") & (rounds["round"] > 0)]
@@ -605,8 +600,7 @@ def figure7(cfg: SimulationConfig, rounds, out: str | Path) -> None:
         g = d[(d.p == p) & (d.alpha == alpha)].groupby("round")["stability"].mean()
         if len(g):
             ax.plot(g.index, 100 * g, color=f"C{i}", label=_setting_label(p, alpha))
-    ax.set_xlabel("communication round")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    rounds_axis(ax)
     ax.set_ylabel("units that kept their state [%]")
     ax.set_title("Dynamic FedFac: stability of the split (paper 001, Figure 7)")
     ax.grid(alpha=0.3)

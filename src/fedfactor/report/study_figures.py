@@ -40,7 +40,7 @@ from . import heatmaps
 from .decomp import (DIAGNOSTICS, RunSettings, check_diagnostics, draw_decomposition, draw_elora, elora_data,
                      is_sweep_run)
 from .figures import (DatasetKey, _read_metrics, decorate, holds_numbers, is_synthetic, legend_outside, mean_band,
-                      method_styles, panel_grid, pyplot, save_figure)
+                      method_styles, panel_grid, pyplot, rounds_axis, save_figure)
 from .runs import Accuracy, _nan_is_null, find_summaries, read_summary
 
 ALWAYS = ("accuracy_rounds", "accuracy_bytes", "per_client")
@@ -212,8 +212,6 @@ def _seeds(runs: pd.DataFrame) -> str:
 
 def _accuracy_figure(study: Study, styles: dict, by_bytes: bool):
     """A panel per scenario, a line per method: accuracy against rounds or cumulative bytes."""
-    from matplotlib.ticker import MaxNLocator
-
     plt, fig, axes = panel_grid(len(study.scenarios), 4.4, 3.3)
     for ax, scenario in zip(axes.flat, study.scenarios):
         curves = study.curves[study.curves.scenario == scenario]
@@ -239,8 +237,7 @@ def _accuracy_figure(study: Study, styles: dict, by_bytes: bool):
                 ax.set_xscale("log")
             ax.set_xlabel("bytes sent up + down, cumulative [MB]" + (" (log)" if sent else ""))
         else:
-            ax.set_xlabel("communication round")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            rounds_axis(ax)
         ax.set_ylabel("mean client accuracy [%]")
         ax.grid(alpha=0.3, which="both" if by_bytes else "major")
     legend_outside(fig, axes.flat, title="method")
