@@ -261,3 +261,11 @@ def test_fedavg_rows_are_size_proportional():
 def test_unknown_matching_is_rejected():
     with pytest.raises(ValueError):
         mixing_weights(SIGMA4, "nearest")
+
+
+def test_decayed_alpha_steps_down_once_per_period_from_round_one():
+    from fedfactor.analysis.similarity import decayed
+
+    # rounds 1-3 keep alpha, 4-6 get one factor, 7 two; round 0 (before training) counts as round 1
+    assert [decayed(8.0, 0.5, 3, r) for r in (0, 1, 3, 4, 6, 7)] == [8.0, 8.0, 8.0, 4.0, 4.0, 2.0]
+    assert decayed(8.0, 0.5, 0, 100) == 8.0  # every = 0: never decays

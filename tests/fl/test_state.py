@@ -150,3 +150,12 @@ def test_a_dry_run_sums_shapes_not_values():
         total.add({"w": torch.empty(2, 3, device="meta")}, 1.0)
     mean = total.mean()["w"]
     assert mean.is_meta and mean.shape == (2, 3) and mean.dtype == torch.float32
+
+
+def test_latest_is_the_clients_own_upload_or_else_the_initial_model():
+    from fedfactor.fl.state import latest
+
+    init, mine = {"w": torch.zeros(2)}, {"w": torch.ones(2)}
+    models = {"1": mine}
+    assert latest(models, init, 1) is mine
+    assert latest(models, init, 0) is init

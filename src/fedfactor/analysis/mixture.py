@@ -5,6 +5,8 @@ Agnostic-FL (Mohri, Sivek & Suresh, ICML 2019) raises the mixture lambda by proj
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -26,6 +28,17 @@ def project_simplex(v: torch.Tensor, floor: float = 0.0) -> torch.Tensor:
     rho = int(torch.nonzero(u - excess / rank > 0).max())  # the largest element always qualifies
     theta = excess[rho] / (rho + 1)
     return (v - floor - theta).clamp_min(0) + floor
+
+
+def ascend(lam: torch.Tensor, losses: dict[int, float], step: float, floor: float = 0.0) -> torch.Tensor:
+    """lambda raised by `step` times the reporting clients' losses, projected back onto the simplex.
+
+    A client that did not report (or reported NaN: it has no train data) adds nothing.
+    """
+    gradient = torch.zeros_like(lam, dtype=torch.float64)
+    for k, loss in losses.items():
+        gradient[k] = 0.0 if math.isnan(loss) else loss
+    return project_simplex(lam + step * gradient, floor)
 
 
 def entropy(p: torch.Tensor) -> float:

@@ -81,6 +81,11 @@ def squared_distances(models: list[dict[str, torch.Tensor]], keys: list[str]) ->
     return d
 
 
+def decayed(alpha: float, factor: float, every: int, rnd: int) -> float:
+    """FedAMP's alpha_k of round rnd (from 1): alpha times `factor` once per `every` rounds (0: never)."""
+    return alpha * factor ** ((max(rnd, 1) - 1) // every if every else 0)
+
+
 def attention(distances: torch.Tensor, alpha: float, sigma: float) -> torch.Tensor:
     """xi_kj = alpha exp(-D_kj / sigma) / sigma off the diagonal; each row sums to 1 through xi_kk."""
     xi = alpha * torch.exp(-distances / sigma) / sigma

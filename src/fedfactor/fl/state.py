@@ -22,6 +22,12 @@ def select(state: Mapping[str, torch.Tensor], keys: Iterable[str]) -> State:
     return {k: state[k] for k in keys}
 
 
+def latest(models: Mapping[str, State], init: State, k: int) -> State:
+    """Client k's latest model on a server that keeps every client's (FedAMP, FedFomo); the initial
+    model while k has never uploaded."""
+    return models.get(str(k), init)
+
+
 class WeightedSum:
     """sum_i w_i * state_i, key by key, built one state at a time; `mean()` divides by sum_i w_i.
 

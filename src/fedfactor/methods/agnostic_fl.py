@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from ..analysis.mixture import entropy, project_simplex
+from ..analysis.mixture import ascend, entropy
 from ..errors import UsageError
-from ..fl.state import State, select, weighted_average
+from ..fl.state import State, select
 from .base import METHODS, Float, Method, Params
 
 LOSS = "agnostic.loss"  # the client's L_k: its train loss under the model it received this round
@@ -48,24 +48,18 @@ class AgnosticFL(Method):
         if not sent:
             return server
         lam = server["lambda"]
-        models = [select(u, self.shared) for u in sent.values()]
-        mix = [float(lam[k]) for k in sent]
-        new = dict(server)
-        if sum(mix) > 0:
-            new["global"] = weighted_average(models, mix)
+        # the global model is the uploads' mean under lambda, not under the clients' sample counts
+        shared = {k: select(u, self.shared) for k, u in sent.items()}
+        new = super().aggregate(dict(server), shared, {k: float(lam[k]) for k in sent})
         losses = torch.stack([u[LOSS] for u in sent.values()])
         if losses.device.type == "meta":  # `fedfactor cost`: no losses to step on; sizes do not change
             return new
-        losses = losses.detach().cpu().to(torch.float64)
-        step = torch.zeros_like(lam)
-        step[list(sent)] = torch.nan_to_num(losses, nan=0.0)  # NaN: a client without train data
-        new["lambda"] = project_simplex(lam + self.hp.gamma_lambda * step, self.hp.lambda_min)
-        reported = np.full(len(lam), np.nan)
-        reported[list(sent)] = losses.numpy()
+        reported = dict(zip(sent, losses.detach().cpu().to(torch.float64).tolist()))
+        new["lambda"] = ascend(lam, reported, self.hp.gamma_lambda, self.hp.lambda_min)
         self.ctx.log("agnostic_lambda", new["lambda"])
         self.ctx.log("agnostic_lambda_entropy", entropy(new["lambda"]))
         self.ctx.log("agnostic_lambda_max", float(new["lambda"].max()))
-        self.ctx.log("agnostic_losses", reported)
+        self.ctx.log("agnostic_losses", np.array([reported.get(k, np.nan) for k in range(len(lam))]))
         return new
 
     def init_client(self, k: int, init_state) -> State:

@@ -176,8 +176,9 @@ class Method:
         return self.set_global(server, total)
 
     def set_global(self, server: dict, total: WeightedSum) -> dict:
-        """The server after the base aggregate: the weighted mean of the non-empty uploads, if any."""
-        if total.count:
+        """The server after the base aggregate: the weighted mean of the non-empty uploads, if any
+        (and if their weights do not all vanish)."""
+        if total.count and total.weight > 0:
             server["global"] = total.mean()
         return server
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from ..analysis.similarity import attention, mix, squared_distances
-from ..fl.state import State, clone, select
+from ..analysis.similarity import attention, decayed, mix, squared_distances
+from ..fl.state import State, clone, latest, select
 from ..fl.train import Phase
 from .base import METHODS, Count, Float, Method, Params
 from .fedprox import proximal
@@ -37,19 +37,15 @@ class FedAMP(Method):
 
     def alpha_k(self, rnd: int) -> float:
         """Round rnd's alpha: the same for its attention step and its proximal weight."""
-        every = self.hp.alpha_decay_every
-        decays = (max(rnd, 1) - 1) // every if every else 0
-        return self.hp.alpha * self.hp.alpha_decay ** decays
+        return decayed(self.hp.alpha, self.hp.alpha_decay, self.hp.alpha_decay_every, rnd)
 
     def init_server(self, init_state):
-        init = clone(select(init_state, self.keys))
-        K = self.ctx.num_clients
+        init, K = clone(select(init_state, self.keys)), self.ctx.num_clients
         device = next(iter(init.values())).device
         return {"init": init, "models": {}, "distances": torch.zeros(K, K, dtype=torch.float64, device=device)}
 
     def latest(self, server: dict) -> list[State]:
-        """Every client's latest upload; the initial model for one that never uploaded."""
-        return [server["models"].get(str(j), server["init"]) for j in range(self.ctx.num_clients)]
+        return [latest(server["models"], server["init"], j) for j in range(self.ctx.num_clients)]
 
     def download(self, server: dict, k: int) -> State:
         """Client k's cloud model u_k, with this round's alpha."""

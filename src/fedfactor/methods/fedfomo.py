@@ -15,7 +15,7 @@ import torch
 from pydantic import Field
 
 from ..errors import UsageError
-from ..fl.state import State, clone, select
+from ..fl.state import State, clone, latest, select
 from ..fl.train import derive_seed
 from .base import METHODS, Count, Float, Method, Params
 
@@ -90,14 +90,10 @@ class FedFOMO(Method):
         row = server["affinity"][k, others].numpy()
         return [others[i] for i in select_peers(row, self.hp.models_downloaded, self.epsilon(), rng)]
 
-    @staticmethod
-    def latest(server: dict, j: int) -> State:
-        return server["models"].get(str(j), server["init"])
-
     def download(self, server: dict, k: int) -> State:
-        payload = dict(self.latest(server, k)) if self.hp.own_from_server else {}
+        payload = dict(latest(server["models"], server["init"], k)) if self.hp.own_from_server else {}
         for j in self.peers(server, k):
-            payload.update({f"{PEER}{j}.{key}": t for key, t in self.latest(server, j).items()})
+            payload.update({f"{PEER}{j}.{key}": t for key, t in latest(server["models"], server["init"], j).items()})
         return payload
 
     def aggregate(self, server: dict, uploads: dict[int, State], weights: dict[int, float]) -> dict:
