@@ -77,3 +77,17 @@ def test_fedprox_mu_zero_is_fedavg_and_mu_pulls_towards_global(tiny):
         return sum(((sent[k][n] - init[n]) ** 2).sum().item() for k in range(4) for n in init)
 
     assert drift(*runs["prox"]) < drift(*runs["fedavg"])
+
+
+def test_every_method_is_named_by_its_registration_alone():
+    from fedfactor.methods import METHODS
+    from fedfactor.methods.base import Method, variant
+
+    assert all(METHODS.get(n).name == n for n in METHODS.names())
+    with METHODS.scope():
+        @METHODS.register("toy_named", "a method registered here")
+        class Toy(Method):
+            pass
+
+        assert Toy.name == "toy_named" and variant("toy_variant", "its preset", Toy).name == "toy_variant"
+        assert Toy.name == "toy_named"  # a variant names itself, not its base

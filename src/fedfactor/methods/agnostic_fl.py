@@ -1,10 +1,7 @@
-"""Agnostic-FL (Mohri, Sivek & Suresh, ICML 2019, "Agnostic Federated Learning"; a baseline of 003).
+"""Agnostic-FL (Mohri, Sivek & Suresh, ICML 2019; a baseline of 003): one model for the worst mixture.
 
-One global model trained for the worst mixture lambda of the clients' distributions: clients upload
-the model and their loss L_k of the received model; the server averages the uploads weighted by
-lambda and raises lambda by a projected ascent step on the losses (Stochastic-AFL, federated).
-
-Choices the paper leaves open: docs/methods/agnostic_fl.md
+Clients upload the model and their loss L_k of it; the server averages the uploads weighted by lambda
+and raises lambda by projected ascent on the losses. Notes and choices: docs/methods/agnostic_fl.md
 """
 
 from __future__ import annotations
@@ -26,8 +23,6 @@ LOSS = "agnostic.loss"  # the client's L_k: its train loss under the model it re
 @METHODS.register("agnostic_fl", "Agnostic-FL (Mohri, Sivek & Suresh, ICML 2019): one model for the worst mixture "
                   "of clients, uploads weighted by lambda, lambda raised by projected ascent on client losses")
 class AgnosticFL(Method):
-    name = "agnostic_fl"
-
     class Params(Params):
         gamma_lambda: Float = Field(0.01, ge=0)  # ascent step on lambda (fair_flearn run.sh, FLGo)
         lambda_min: Float = Field(0.0, ge=0, le=1)  # floor on every lambda_k; 0: the whole simplex

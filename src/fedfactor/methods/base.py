@@ -41,7 +41,20 @@ from ..fl.train import Batch, Optim, Phase, Split
 from ..models import resolve_layers
 from ..registry import Registry
 
-METHODS = Registry("method")
+class _Methods(Registry):
+    """The method registry; registering a class names it (`Method.name`), so the name is written once."""
+
+    def register(self, name: str, description: str) -> Callable[[Any], Any]:
+        add = super().register(name, description)
+
+        def named(cls: Any) -> Any:
+            cls.name = name
+            return add(cls)
+
+        return named
+
+
+METHODS = _Methods("method")
 Count = MethodCount  # a whole-number hyperparameter: epochs, ranks, rounds, iterations (at most 10,000)
 __all__ = ["METHODS", "Context", "Count", "Float", "Method", "Params", "one_of", "variant"]
 
@@ -269,5 +282,5 @@ def variant(name: str, description: str, base: type[Method], **preset: Any) -> t
     unknown = set(preset) - set(base.Params.model_fields)
     if unknown:
         raise ValueError(f"{name}: unknown hyperparameters {sorted(unknown)}")
-    cls = type(name, (base,), {"name": name, "preset": {**base.preset, **preset}, "__module__": base.__module__})
+    cls = type(name, (base,), {"preset": {**base.preset, **preset}, "__module__": base.__module__})
     return METHODS.register(name, description)(cls)

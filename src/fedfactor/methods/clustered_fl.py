@@ -48,8 +48,6 @@ def bipartition(similarity: np.ndarray) -> np.ndarray:
 @METHODS.register("clustered_fl", "Clustered-FL (Sattler, Mueller & Samek, IEEE TNNLS 2020): FedAvg within "
                   "clusters, bi-partitioned by the cosine similarity of the clients' updates once they stall")
 class ClusteredFL(Method):
-    name = "clustered_fl"
-
     class Params(Params):
         eps1: Float = Field(0.4, gt=0)  # split only when the mean update's norm is below it (stalled)
         eps2: Float = Field(1.6, gt=0)  # ... and some client's update norm is above it (disagreement)

@@ -32,8 +32,6 @@ MATCH = "match.key"  # the vector the server matches clients on (v^{L-1} or an e
 @METHODS.register("factorized_fl_alpha", "Factorized-FL alpha (000): rank-1 factorized layers; shares U, "
                   "personalised by similarity of v^{L-1}")
 class FactorizedFL(Method):
-    name = "factorized_fl_alpha"
-
     class Params(Params):
         # official: (u @ v).view(O, I, k, k) | paper (eq. 3) | simfed (000 Fig. 7 (k))
         layout: one_of(*LAYOUTS) = "official"

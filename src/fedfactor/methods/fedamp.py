@@ -1,10 +1,7 @@
-"""FedAMP (Huang, Chu, Zhou, Wang, Liu, Pei & Zhang, AAAI 2021; a baseline of 004 Table 1).
+"""FedAMP (Huang et al., AAAI 2021; a baseline of 004 Table 1): federated attentive message passing.
 
-Federated attentive message passing: every client trains its own model w_k with a proximal pull
-towards its cloud model u_k = sum_j xi_kj w_j, an attention-weighted mix of all clients' latest
-models (xi_kj = alpha_r A'(||w_k - w_j||^2) for j != k, xi_kk = 1 - sum of the others).
-
-Choices the paper leaves open: docs/methods/fedamp.md
+Each client trains its own model w_k with a proximal pull towards its cloud model u_k = sum_j xi_kj w_j,
+an attention-weighted mix of all clients' latest models. Notes and choices: docs/methods/fedamp.md
 """
 
 from __future__ import annotations
@@ -16,14 +13,12 @@ from ..analysis.similarity import attention, decayed, mix, squared_distances
 from ..fl.state import State, clone, latest, select
 from ..fl.train import Phase
 from .base import METHODS, Count, Float, Method, Params
-from .fedprox import proximal
+from .fedprox import proximal_phase
 
 
 @METHODS.register("fedamp", "FedAMP (Huang et al., AAAI 2021): each client trains its own model with a proximal "
                   "pull towards a personalised cloud model, an attention-weighted mix of all clients' models")
 class FedAMP(Method):
-    name = "fedamp"
-
     class Params(Params):
         lam: Float = Field(1.0, ge=0)  # lambda: weight of the attention regulariser (Fling lamda)
         alpha: Float = Field(1e4, gt=0)  # alpha_k of round 1 (Fling alphaK)
@@ -67,10 +62,7 @@ class FedAMP(Method):
         return state  # u_k is only the proximal anchor: the client keeps training its own model
 
     def plan(self, k: int, state: State, received: State) -> list[Phase]:
-        anchor = {key: t.detach() for key, t in received.items()}
-        weight = self.hp.lam / (2 * self.alpha_k(self.ctx.round))
-        return [Phase(epochs=self.ctx.epochs, loss=proximal(anchor, weight) if anchor and weight else None,
-                      loss_name="proximal")]
+        return [proximal_phase(received, self.hp.lam / (2 * self.alpha_k(self.ctx.round)), self.ctx.epochs)]
 
     def upload(self, k: int, state: State) -> State:
         return select(state, self.keys)

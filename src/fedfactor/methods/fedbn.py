@@ -32,8 +32,6 @@ def batchnorm_entries(model: nn.Module) -> list[str]:
 @METHODS.register("fedbn", "FedBN (Li et al. 2021): FedAvg with every BatchNorm layer (affine parameters and "
                   "running statistics) kept local")
 class FedBN(Method):
-    name = "fedbn"
-
     def shared_keys(self) -> list[str]:
         local = set(batchnorm_entries(self.ctx.model))
         if not local:

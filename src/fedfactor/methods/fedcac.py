@@ -82,8 +82,6 @@ def collaborators(overlap: torch.Tensor, factor: float) -> tuple[torch.Tensor, f
 @METHODS.register("fedcac", "FedCAC (Wu et al., ICCV 2023): each client's sensitive (critical) parameters are "
                   "averaged only with clients whose critical sets overlap enough, the rest with all")
 class FedCAC(Method):
-    name = "fedcac"
-
     class Params(Params):
         tau: Float = Field(0.5, ge=0, le=1)  # fraction of each tensor's entries that are critical
         beta: Count = Field(100, ge=1)  # rounds until critical parameters are shared only at the top overlap

@@ -25,8 +25,6 @@ from .base import METHODS, Count, Float, Method, Params, at_least, one_of, varia
 @METHODS.register("feddecomp", "FedDecomp (004): theta = shared full-rank sigma + private low-rank tau, "
                   "tau trained first, then sigma")
 class FedDecomp(Method):
-    name = "feddecomp"
-
     class Params(Params):
         e_lora: Count = 2  # E_lora: epochs on tau per round; E_global = fl.epochs - e_lora
         # alternating (eqs. 5-6) | simultaneous (Table 3)

@@ -79,8 +79,6 @@ def _log(pi: torch.Tensor) -> torch.Tensor:
 @METHODS.register("fedem", "FedEM (Marfoq et al., NeurIPS 2021): M shared components, personal mixture weights "
                   "learned by EM (001 Tables 2-3)")
 class FedEM(Method):
-    name = "fedem"
-
     class Params(Params):
         components: Count = Field(3, ge=1)  # M (001 5.1: "as suggested by the authors")
         reinit: one_of("all", "head") = "all"  # all | head: what of components 2..M is initialised afresh

@@ -30,8 +30,6 @@ MASK = "fedfac.mask."  # payload entry: the split of layer <index>, one bool per
 @METHODS.register("fedfac", "FedFac (001): factor analysis splits the units of the Lambda layers into shared and "
                   "personal; dynamic (every round) by default")
 class FedFac(Method):
-    name = "fedfac"
-
     class Params(Params):
         layers: list = [-1]  # Lambda, 1-based (models/layers.py); -1: the last layer before the classifier
         mode: one_of("dynamic", "static") = "dynamic"  # dynamic (Algorithm 2) | static (Algorithm 1)

@@ -55,8 +55,6 @@ def select_peers(affinity: np.ndarray, h: int, epsilon: float, rng: np.random.Ge
 @METHODS.register("fedfomo", "FedFOMO (Zhang et al., ICLR 2021): each client mixes in the downloaded models that "
                   "lower its validation loss, weighted by loss gain per distance")
 class FedFOMO(Method):
-    name = "fedfomo"
-
     class Params(Params):
         models_downloaded: Count = Field(10, ge=1)  # H (002 C.4)
         epsilon: Float = Field(0.3, ge=0, le=1)  # exploration probability in round 1 (official code)

@@ -33,8 +33,6 @@ def top_layer_entries(model, count: int, key: str) -> list[str]:
 @METHODS.register("fedper", "FedPer (Arivazhagan et al. 2019): the top layers (the classifier by default) stay "
                   "personal, the base is averaged as in FedAvg")
 class FedPer(Method):
-    name = "fedper"
-
     class Params(Params):
         personal_layers: Count = 1  # the top layers each client keeps (001 5.1: the last one)
 

@@ -22,8 +22,6 @@ from .base import METHODS, Count, Method, Params, at_least
 @METHODS.register("fedrep", "FedRep (Collins et al. 2021): shared body, personal head; each round trains the head "
                   "with the body frozen, then the body with the head frozen")
 class FedRep(Method):
-    name = "fedrep"
-
     class Params(Params):
         head_epochs: Count = 10  # the FedRep paper's ten head epochs per round
 

@@ -62,8 +62,6 @@ def balanced_cross_entropy(logits: torch.Tensor, y: torch.Tensor, log_prior: tor
 @METHODS.register("fedrod", "FedRoD (Chen and Chao, ICLR 2022): shared body and generic head trained on the "
                   "balanced softmax loss, a personal head on top; prediction adds both heads")
 class FedRoD(Method):
-    name = "fedrod"
-
     class Params(Params):
         # generic: the body learns from the balanced loss only (PFLlib) | both (Fling)
         body_loss: one_of("generic", "both") = "generic"

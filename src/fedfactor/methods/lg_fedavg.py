@@ -22,8 +22,6 @@ from .fedper import check_layer_count, top_layer_entries
 @METHODS.register("lg_fedavg", "LG-FedAvg (Liang et al. 2020): lower layers local, the top layers (the classifier "
                   "by default) averaged; new clients use an ensemble")
 class LGFedAvg(Method):
-    name = "lg_fedavg"
-
     class Params(Params):
         global_layers: Count = 1  # the top layers that are averaged (official code and FL-bench default)
 

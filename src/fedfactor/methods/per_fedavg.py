@@ -25,8 +25,6 @@ ADAPTATION_STREAM = 2**31 + 4  # derive_seed tag of the adaptation batch's strea
 @METHODS.register("per_fedavg", "Per-FedAvg (Fallah et al., NeurIPS 2020): MAML meta-steps locally, FedAvg "
                   "aggregation, scored after one adaptation step; first-order by default")
 class PerFedAvg(Method):
-    name = "per_fedavg"
-
     class Params(Params):
         alpha: int | float | None = None  # inner (adaptation) step size; null: the run's fl.lr
         beta: int | float | None = None  # meta step size; null: the run's fl.lr

@@ -30,8 +30,6 @@ GATE_STREAM = 2**31 + 7  # derive_seed tag of the gate's initialisation
 @METHODS.register("pfedgate", "pFedGate (Chen et al., ICML 2023): a personal gate scales and sparsifies the shared "
                   "model block-wise under a sparsity budget; FedAvg on the shared model (004 Table 1)")
 class PFedGate(Method):
-    name = "pfedgate"
-
     class Params(Params):
         sparsity: Float = Field(0.5, gt=0, le=1)  # s, share kept (paper: 1, 0.5, 0.3; 0.5 the scripts' most common)
         split: Count = Field(5, ge=1)  # blocks per parameter tensor (the authors' scripts)

@@ -23,8 +23,6 @@ from .base import METHODS, Float, Method, Params, one_of
 @METHODS.register("pfedpara", "pFedPara (Hyeon-Woo et al., ICLR 2022): low-rank Hadamard layers W1 o (W2 + 1); "
                   "W1's factors shared, W2's kept local")
 class PFedPara(Method):
-    name = "pfedpara"
-
     class Params(Params):
         capacity: Float = Field(0.95, gt=0, le=1)  # parameter share of the original model (002 C.2: 90-99 %)
         gamma: int | float | None = None  # FedPara's rank ratio in [0, 1]; when set it replaces capacity

@@ -28,8 +28,6 @@ def distillation(student: torch.Tensor, teacher: torch.Tensor, temperature: floa
 @METHODS.register("pfedsd", "pFedSD (Jin et al., IEEE TPDS 2023): FedAvg whose clients distil from their own "
                   "previous personalised model; each client is scored with the model it trained")
 class PFedSD(Method):
-    name = "pfedsd"
-
     class Params(Params):
         temperature: Float = Field(3.0, gt=0)  # T (Fling's tau under FedDecomp's protocol)
         lam: Float = Field(0.5, ge=0)  # lambda, the distillation weight (Fling's lamda)

@@ -22,7 +22,6 @@ CRITERIA = "simfed.criteria"  # the client's copy of x_N, kept in its state
 @METHODS.register("simfed", "SimFed (003): factorized layers, clients matched by their embeddings of a "
                   "shared random input, personalised knowledge reflection")
 class SimFed(FactorizedFL):
-    name = "simfed"
     # No SimFed code was published: its text, and Factorized-FL's code where it is silent (docs/methods/simfed.md)
     preset = {"layout": "simfed", "l1": 1e-4, "mu_threshold": 1e-4, "share": "uvm", "share_bn": True, "tau": 0.9,
               "epsilon": 30.0, "num_matched": 2, "weighting": "paper", "minimum_aggr": 1, "match_layer": "before_head",
@@ -65,5 +64,4 @@ variant("simfed_no_mask", "SimFed without the sparse masks phi (003 Table 4)", S
 @METHODS.register("simfed_no_factorization", "SimFed's similarity matching and reflection on the unfactorized "
                   "model (003 Table 2 'Similarity Matching', Table 4 'w/o Factorization')")
 class SimFedNoFactorization(SimFed):
-    name = "simfed_no_factorization"
     factorized = False
