@@ -139,8 +139,8 @@ def test_tiny_study_runs_end_to_end_and_a_rerun_does_nothing(tmp_path):
 # fedfactor.workflow: what the Snakefile asks of the package
 
 from fedfactor.errors import UsageError  # noqa: E402
-from fedfactor.workflow import (deep_merge, implemented, method_sets, run_sets, scenario_overrides,  # noqa: E402
-                                selected)
+from fedfactor.workflow import (check_overrides, deep_merge, implemented, method_entry, method_sets,  # noqa: E402
+                                run_sets, scenario_overrides, selected)
 
 
 def _study(**extra):
@@ -181,3 +181,23 @@ def test_a_method_entry_is_the_method_section_and_its_run_overrides_apply_to_its
     assert sorted(sets) == sorted(['fl.on_divergence="skip"', "fl.lr=0.01", 'method.name="pfedpara"',
                                    'method.init="scaled"', 'label="pf"'])
     assert method_sets({"name": "fedavg"}, "f") == ['method.name="fedavg"', 'label="f"']
+
+
+def test_a_scenario_may_set_a_method_apart_and_only_that_scenario_runs_it_so():
+    study = _study()
+    study["scenarios"]["b"]["methods"] = {"fedavg": {"lr_scale": 2}}
+    assert method_entry(study, "b", "fedavg") == {"name": "fedavg", "lr_scale": 2}
+    assert method_entry(study, "a", "fedavg") == {"name": "fedavg"}
+    assert "methods" not in scenario_overrides(study, "b")  # not a run-config section
+
+
+@pytest.mark.parametrize("own, problem", [
+    ({"fedprox": {"mu": 1}}, "scenarios.b.methods.fedprox: the study lists no method 'fedprox'"),
+    ({"fedavg": {"name": "fedprox"}}, "scenarios.b.methods.fedavg: give a mapping of the method's hyperparameters"),
+    ({"fedavg": {"run": {"fl": {"lr": 1}}}}, "scenarios.b.methods.fedavg: give a mapping"),
+])
+def test_a_scenarios_method_settings_name_a_listed_method_and_only_its_hyperparameters(own, problem):
+    study = _study()
+    study["scenarios"]["b"]["methods"] = own
+    with pytest.raises(UsageError, match=problem):
+        check_overrides(study)

@@ -46,6 +46,14 @@ def method_sets(entry: dict[str, Any], label: str) -> list[str]:
     return run_sets({**run, "method": entry, "label": label})
 
 
+def method_entry(config: dict[str, Any], scenario: str, label: str) -> dict[str, Any]:
+    """A study's method entry as it runs in `scenario`: the scenario's own settings for that label
+    (`scenarios.<scenario>.methods.<label>`) on top of the study's. A paper may set a method apart per
+    dataset: FedFac splits FEMNIST's second conv but the last hidden layer of its other models."""
+    own = (config["scenarios"][scenario].get("methods") or {}).get(label) or {}
+    return deep_merge(config["methods"][label], own)
+
+
 # What `build_partition` reads of `data` (and fl.clients, and the partition section but its file).
 PARTITION_DATA_KEYS = ("name", "root", "split", "split_mode")
 
@@ -117,7 +125,8 @@ def study_folder(config: dict[str, Any], configfiles: list) -> str:
 def scenario_overrides(config: dict[str, Any], scenario: str) -> dict[str, Any]:
     """A scenario's run-config overrides, the study-wide `overrides` on top, and in a smoke study
     the dataset swapped for its synthetic stand-in (same shape and classes)."""
-    merged = deep_merge(config["scenarios"][scenario], config.get("overrides") or {})
+    own = {key: value for key, value in config["scenarios"][scenario].items() if key != "methods"}
+    merged = deep_merge(own, config.get("overrides") or {})
     if config.get("smoke"):
         try:
             name = dataset_name(config["run_config"], merged)
@@ -243,6 +252,13 @@ def check_overrides(config: dict[str, Any]) -> None:
             value = overrides.get(section)
             if (isinstance(value, dict) and key in value) if key else section in overrides:
                 raise UsageError(f"{where}.{dotted}: the workflow sets it for every run ({owner}); remove it")
+    for name, scenario in config["scenarios"].items():
+        for label, own in (scenario.get("methods") or {}).items():
+            where = f"scenarios.{name}.methods.{label}"
+            if label not in config["methods"]:
+                raise UsageError(f"{where}: the study lists no method {label!r} ({', '.join(config['methods'])})")
+            if not isinstance(own, dict) or "name" in own or "run" in own:
+                raise UsageError(f"{where}: give a mapping of the method's hyperparameters (not its name or run)")
     for where, run in runs:
         changed = [f"{section}.{key}" for section, keys in (("data", PARTITION_DATA_KEYS), ("fl", ("clients",)))
                    if isinstance(run.get(section), dict) for key in run[section] if key in keys]

@@ -6,8 +6,8 @@ from snakemake.settings.types import DeploymentMethod
 
 from fedfactor.report.spec import SMOKE_TITLE, check_spec
 from fedfactor.report.study import check_study_sections
-from fedfactor.workflow import (check_overrides, check_runs, dataset_name, implemented, method_sets, partition_sets,
-                                run_sets, scenario_overrides, selected, slug, study_folder, study_spec)
+from fedfactor.workflow import (check_overrides, check_runs, dataset_name, implemented, method_entry, method_sets,
+                                partition_sets, run_sets, scenario_overrides, selected, slug, study_folder, study_spec)
 
 # Under `--sdm conda` jobs run in envs/fedfactor.yaml, which holds the dependencies but not fedfactor
 # itself: there `fedfactor` runs this checkout's src/ (Snakemake strips PYTHONPATH from the job's

@@ -24,7 +24,7 @@ def train_sets(scenario, method, seed):
     (train.smk), its MLflow experiment id (known once mlflow_init has run) a stand-in."""
     partition = f"{STUDY_DIR}/partitions/{scenario}/seed{seed}.json"
     return [*scenario_run_sets(scenario), f"seed={seed}", f"partition.file={partition}", f"tracking.uri={MLFLOW_URI}",
-            "tracking.experiment_id=0", *method_sets(config["methods"][method], method)]
+            "tracking.experiment_id=0", *method_sets(method_entry(config, scenario, method), method)]
 
 
 def checked_runs():
@@ -77,7 +77,7 @@ def job_runs(wildcards):
     return json.dumps([
         {"out": f"{STUDY_DIR}/runs/{wildcards.scenario}/{m}/seed{wildcards.seed}",
          "log": f"{STUDY_DIR}/logs/train/{wildcards.scenario}/{m}/seed{wildcards.seed}.log",
-         "set": method_sets(config["methods"][m], m)}
+         "set": method_sets(method_entry(config, wildcards.scenario, m), m)}
         for m in JOB_METHODS[int(wildcards.job) - 1]
     ])
 
