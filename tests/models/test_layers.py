@@ -4,7 +4,7 @@ from torch import nn
 
 from fedfactor.errors import UsageError
 from fedfactor.models import build_model, resolve_layers, unit_entries, weight_layers
-from fedfactor.models.layers import effective_weight, layer_entries
+from fedfactor.models.layers import effective_weight, layer_entries, layer_units, unit_rows
 from fedfactor.nn import factorize, hadamardize
 from fedfactor.nn.lowrank import decompose
 
@@ -103,3 +103,43 @@ def test_unit_entries_are_the_layer_and_the_batchnorm_after_it():
                                                  "body.0.1.running_mean", "body.0.1.running_var"]
     cnn = build_model("cnn", 1, 8, 8, 10)
     assert unit_entries(cnn, "body.3") == ["body.3.weight", "body.3.bias"]  # no BatchNorm: the next conv stops
+
+
+def test_lstm_layers_are_numbered_and_own_their_four_entries_per_unit():
+    model = build_model("char_lstm", 1, 1, 80, 100)
+    assert weight_layers(model) == {1: "body.lstm1", 2: "body.lstm2", 3: "body.fc1", 4: "head"}
+    assert resolve_layers(model, [-1]) == {3: "body.fc1"}
+    assert unit_entries(model, "body.lstm2") == [f"body.lstm2.{k}" for k in
+                                                 ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")]
+    assert layer_entries(model, "body.lstm2") == ["body.lstm2.weight_ih_l0", "body.lstm2.weight_hh_l0"]
+    assert layer_units(model, "body.lstm1") == 256 and layer_units(model, "body.fc1") == 512
+
+
+def test_an_lstm_weight_has_one_row_per_hidden_unit_with_its_four_gates():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LSTM(3, 2))  # I = 3, H = 2: weight_ih 8 x 3, weight_hh 8 x 2
+    state = {k: torch.randn_like(v) for k, v in model.state_dict().items()}
+    w = effective_weight(model, "0", state)
+    assert w.shape == (2, 4 * (3 + 2))
+    ih, hh = state["0.weight_ih_l0"], state["0.weight_hh_l0"]
+    for j in range(2):  # unit j: rows j, H + j, 2H + j, 3H + j of both weights, gate by gate
+        expected = torch.cat([torch.cat([ih[g * 2 + j], hh[g * 2 + j]]) for g in range(4)])
+        assert torch.equal(w[j], expected)
+    assert torch.equal(effective_weight(model, "0", model.state_dict()),
+                       effective_weight(model, "0", {k: v.clone() for k, v in model.state_dict().items()}))
+
+
+def test_a_unit_mask_covers_an_lstm_entrys_rows_gate_by_gate():
+    mask = torch.tensor([True, False, True])
+    assert unit_rows(mask, 3) is mask  # a plain layer's entry: the mask itself
+    assert unit_rows(mask, 12).tolist() == [True, False, True] * 4
+
+
+def test_an_lstm_of_several_layers_has_no_units_of_its_own():
+    model = nn.Sequential(nn.LSTM(3, 2, num_layers=2))
+    assert weight_layers(model) == {1: "0"}
+    with pytest.raises(UsageError, match="layer 0 is an LSTM of 2 layer.*build one nn.LSTM per layer") as e:
+        unit_entries(model, "0")
+    assert "\n" not in str(e.value)
+    with pytest.raises(UsageError, match="only a one-layer, one-directional LSTM"):
+        effective_weight(model, "0", model.state_dict())

@@ -91,6 +91,14 @@ def at_least(key: str, value: float, low: float, note: str = "") -> None:
         raise UsageError(f"method.{key} must be >= {low} ({note}got {value})")
 
 
+def refuse_recurrent(method: str, model: torch.nn.Module, why: str) -> None:
+    """A one-line UsageError when `model` has a recurrent layer (char_lstm's LSTMs), which method
+    `method` cannot run on, for the reason `why`; called where the method first sees the model."""
+    layer = next((n for n, m in model.named_modules() if isinstance(m, torch.nn.RNNBase)), None)
+    if layer is not None:
+        raise UsageError(f"method {method} cannot run on a recurrent model (layer {layer} is an LSTM): {why}")
+
+
 def positive_or_none(key: str, value: Any, meaning: str) -> Any:
     """A step size that may be null (then `meaning`, e.g. the run's fl.lr): a finite number > 0."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))

@@ -22,6 +22,7 @@ from ..errors import UsageError
 from ..fl.state import State, select, weighted_average
 from ..fl.train import Phase, derive_seed
 from ..models import resolve_layers, unit_entries
+from ..models.layers import effective_weight, layer_entries, layer_units, unit_rows
 from .base import METHODS, Count, Float, Method, Params, at_least, one_of, variant
 
 MASK = "fedfac.mask."  # payload entry: the split of layer <index>, one bool per unit
@@ -96,10 +97,12 @@ class FedFac(Method):
                              "(clients map classes to outputs differently)")
         stats = set(ctx.buffer_keys) if not self.hp.share_bn_stats else set()
         self.units: dict[int, list[str]] = {}  # entries averaged unit by unit
+        self.sizes = {idx: layer_units(ctx.model, name) for idx, name in self.layers.items()}  # units per layer
         kept: set[str] = set(stats)  # entries that never leave the client
         for idx, name in self.layers.items():
             entries = unit_entries(ctx.model, name)
-            follow = [e for e in entries if e == f"{name}.weight" or self.hp.unit_params == "follow"]
+            weights = layer_entries(ctx.model, name)  # a plain layer's weight; an LSTM's weight_ih and weight_hh
+            follow = [e for e in entries if e in weights or self.hp.unit_params == "follow"]
             self.units[idx] = [e for e in follow if e not in stats]
             kept |= set(entries) - set(self.units[idx])
         split_keys = {e for keys in self.units.values() for e in keys}
@@ -129,16 +132,23 @@ class FedFac(Method):
     def _masks(self, server: dict) -> dict[int, torch.Tensor]:
         if self.fixed is not None:
             first = {idx: server["units"][keys[0]] for idx, keys in self.units.items()}
-            return {idx: torch.full((len(t),), self.fixed < 0, dtype=torch.bool, device=t.device)
+            return {idx: torch.full((self.sizes[idx],), self.fixed < 0, dtype=torch.bool, device=t.device)
                     for idx, t in first.items()}
         return {int(i): m for i, m in server["mask"].items()}
+
+    @staticmethod
+    def _rows(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The rows of entry t that belong to the units in mask: an LSTM layer's unit is a hidden unit,
+        which owns a row of each of the four gates in its entries (models.layers.unit_rows)."""
+        return unit_rows(mask, len(t))
 
     def download(self, server: dict, k: int) -> State:
         payload = dict(server["global"])
         for idx, mask in self._masks(server).items():
             payload[f"{MASK}{idx}"] = mask
             for key in self.units[idx]:
-                payload[key] = server["units"][key][mask]
+                t = server["units"][key]
+                payload[key] = t[self._rows(t, mask)]
         return payload
 
     def aggregate(self, server: dict, uploads: dict[int, State], weights: dict[int, float]) -> dict:
@@ -156,12 +166,13 @@ class FedFac(Method):
             if not mask.any():
                 continue
             # An analysed round's uploads hold whole layers; afterwards only the shared rows.
-            rows = [{key: uploads[k][key][mask] if analysed else uploads[k][key] for key in self.units[idx]}
-                    for k in clients]
-            prev = {key: server["units"][key][mask] for key in self.units[idx]}
+            rows = [{key: uploads[k][key][self._rows(uploads[k][key], mask)] if analysed else uploads[k][key]
+                     for key in self.units[idx]} for k in clients]
+            held = {key: self._rows(server["units"][key], mask) for key in self.units[idx]}
+            prev = {key: server["units"][key][held[key]] for key in self.units[idx]}
             new = self._step(prev, weighted_average(rows, w))
             for key in self.units[idx]:
-                server["units"][key][mask] = new[key]
+                server["units"][key][held[key]] = new[key]
         return server
 
     def _step(self, prev: State, mean: State) -> State:
@@ -174,7 +185,8 @@ class FedFac(Method):
         start = time.perf_counter()
         masks = {}
         for idx, name in self.layers.items():
-            weights = torch.stack([u[f"{name}.weight"] for u in uploads.values()])
+            # one row per unit: a plain layer's weight as uploaded, an LSTM's gates side by side
+            weights = torch.stack([effective_weight(self.ctx.model, name, u) for u in uploads.values()])
             try:
                 fa = factor_analysis(unit_matrix(weights), self.hp.kappa, self.hp.fa_method,
                                      max_iter=self.hp.max_iter, tol=self.hp.tol, count=self.hp.factors)
@@ -207,19 +219,23 @@ class FedFac(Method):
             out[f"{MASK}{idx}"] = mask  # the client knows its split: static FedFac then sends only shared rows
             for key in keys:
                 t = out[key].clone()
-                t[mask] = payload[key]
+                t[self._rows(t, mask)] = payload[key]
                 out[key] = t
             if self.hp.mask != "none":
                 out = self._masked(k, out, idx, mask if self.hp.mask == "shared" else ~mask)
         return out
 
-    def _masked(self, k: int, state: State, idx: int, rows: torch.Tensor) -> State:
-        """Rows of a split layer's weight replaced by N(0, 1) draws (001 Table 8 panel A)."""
-        key = f"{self.layers[idx]}.weight"
+    def _masked(self, k: int, state: State, idx: int, units: torch.Tensor) -> State:
+        """The units' rows of a split layer's weight (an LSTM's two weights) replaced by N(0, 1) draws
+        (001 Table 8 panel A)."""
         gen = torch.Generator().manual_seed(derive_seed(self.ctx.seed, self.ctx.round, k, idx, 23))
-        t = state[key].clone()
-        t[rows] = torch.randn((int(rows.sum()), *t.shape[1:]), generator=gen, dtype=t.dtype).to(t.device)
-        return {**state, key: t}
+        out = dict(state)
+        for key in layer_entries(self.ctx.model, self.layers[idx]):
+            t = state[key].clone()
+            rows = self._rows(t, units)
+            t[rows] = torch.randn((int(rows.sum()), *t.shape[1:]), generator=gen, dtype=t.dtype).to(t.device)
+            out[key] = t
+        return out
 
     def upload(self, k: int, state: State) -> State:
         out = {key: state[key] for key in self.shared}
@@ -229,7 +245,7 @@ class FedFac(Method):
             if analysed:
                 out.update({key: state[key] for key in keys})  # whole layers: the analysis needs every unit
             elif mask is not None and mask.any():
-                out.update({key: state[key][mask] for key in keys})
+                out.update({key: state[key][self._rows(state[key], mask)] for key in keys})
             # else: static FedFac's warm-up, the Lambda layers train locally
         return out
 
@@ -248,7 +264,8 @@ class FedFac(Method):
         for idx, mask in masks.items():
             for key in self.units[idx]:
                 if key in params and mask.any():
-                    keep = (~mask).to(params[key].dtype).view(-1, *[1] * (params[key].dim() - 1))
+                    rows = self._rows(params[key], mask)
+                    keep = (~rows).to(params[key].dtype).view(-1, *[1] * (params[key].dim() - 1))
                     hooks.append(params[key].register_hook(lambda g, keep=keep: g * keep))
         try:
             out, _ = self.ctx.fit(k, state, [Phase(params=names, epochs=self.ctx.epochs)])
@@ -259,7 +276,8 @@ class FedFac(Method):
         for idx, mask in masks.items():
             for key in self.units[idx]:
                 t = out[key].clone()
-                t[mask] = state[key][mask]
+                rows = self._rows(t, mask)
+                t[rows] = state[key][rows]
                 out[key] = t
         return out
 

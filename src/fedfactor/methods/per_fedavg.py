@@ -9,6 +9,7 @@ Choices the paper leaves open: docs/methods/per_fedavg.md
 
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 import torch
@@ -39,6 +40,8 @@ class PerFedAvg(Method):
     def bind(self, ctx) -> None:
         super().bind(ctx)
         self.buffer_names = [key for key, _ in ctx.model.named_buffers()]
+        # cuDNN's LSTM has no second derivative: the HF term runs a recurrent model on PyTorch's own kernels
+        self.recurrent = any(isinstance(m, torch.nn.RNNBase) for m in ctx.model.modules())
 
     @property
     def alpha(self) -> float:
@@ -68,8 +71,9 @@ class PerFedAvg(Method):
         outer = self._loss(temp, buffers, batches[1])
         direction = torch.autograd.grad(outer, list(temp.values()))
         if self.hp.variant == "hf":
-            inner = torch.autograd.grad(self._loss(params, buffers, batches[2]), weights, create_graph=True)
-            hessian_v = torch.autograd.grad(inner, weights, grad_outputs=direction)
+            with torch.backends.cudnn.flags(enabled=False) if self.recurrent else contextlib.nullcontext():
+                inner = torch.autograd.grad(self._loss(params, buffers, batches[2]), weights, create_graph=True)
+                hessian_v = torch.autograd.grad(inner, weights, grad_outputs=direction)
             direction = tuple(d - self.alpha * hv for d, hv in zip(direction, hessian_v))
         for w, d in zip(weights, direction):
             w.grad = d

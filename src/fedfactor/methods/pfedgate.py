@@ -20,7 +20,7 @@ from ..fl.state import State, clone, select
 from ..fl.train import Trainer, derive_seed, make_optimizer, mean_loss
 from ..models import resolve_layers
 from ..nn.gate import GatedModel
-from .base import METHODS, Count, Float, Method, Params, one_of, positive_or_none
+from .base import METHODS, Count, Float, Method, Params, one_of, positive_or_none, refuse_recurrent
 
 GATE = "gate."  # the personal gate's entries
 OPTIM_TAG = "pfedgate"  # a client's optimizer state between rounds: "optim.pfedgate.<parameter>.<entry>"
@@ -54,6 +54,8 @@ class PFedGate(Method):
             return self
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
+        refuse_recurrent(self.name, model, "its gate reads the raw input as image intensities (switchable "
+                         "normalisation, a Linear over them), and token ids are category numbers")
         return GatedModel(model, self.hp.split, self.hp.sparsity, style=self.hp.style)
 
     def bind(self, ctx) -> None:

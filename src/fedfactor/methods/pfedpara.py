@@ -17,7 +17,7 @@ from torch import nn
 from ..errors import UsageError
 from ..nn import gamma_for_share, hadamard_layers, hadamardize
 from ..nn.hadamard import INITS
-from .base import METHODS, Float, Method, Params, one_of
+from .base import METHODS, Float, Method, Params, one_of, refuse_recurrent
 
 
 @METHODS.register("pfedpara", "pFedPara (Hyeon-Woo et al., ICLR 2022): low-rank Hadamard layers W1 o (W2 + 1); "
@@ -39,6 +39,9 @@ class PFedPara(Method):
             return gamma
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
+        refuse_recurrent(self.name, model, "its Hadamard layers replace Conv2d and Linear weights only (FedPara's "
+                         "own LSTM parameterisation is not implemented), so the LSTM weights would have no "
+                         "personal part")
         gamma = self.hp.gamma
         if gamma is None:
             try:
