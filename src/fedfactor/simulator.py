@@ -31,7 +31,7 @@ from .fl.comm import CommMeter
 from .fl.state import State, WeightedSum, clone
 from .fl.train import Batch, Diverged, Optim, Phase, Split, Trainer, TrainLoss, derive_seed
 from .methods import Context, build
-from .methods.base import Method
+from .methods.base import Method, refuse_recurrent
 from .models import build_model, resolve_layers
 from .models.layers import layer_entries
 
@@ -205,6 +205,7 @@ class Simulator:
             # A dry run (`fedfactor cost`) needs shapes only: no weights file, no download.
             model = build_model(cfg.model.name, info.channels, info.height, info.width, num_classes,
                                 pretrained=cfg.model.pretrained and not dry_run)
+            refuse_recurrent(self.method, model)
             self.model = self.method.prepare_model(model)
         init = clone(self.model.state_dict())
         if not dry_run:

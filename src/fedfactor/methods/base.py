@@ -91,12 +91,13 @@ def at_least(key: str, value: float, low: float, note: str = "") -> None:
         raise UsageError(f"method.{key} must be >= {low} ({note}got {value})")
 
 
-def refuse_recurrent(method: str, model: torch.nn.Module, why: str) -> None:
-    """A one-line UsageError when `model` has a recurrent layer (char_lstm's LSTMs), which method
-    `method` cannot run on, for the reason `why`; called where the method first sees the model."""
+def refuse_recurrent(method: "Method", model: torch.nn.Module) -> None:
+    """A one-line UsageError when `model` has a recurrent layer (char_lstm's LSTMs) and `method`
+    declares (`recurrent_refused`) why it cannot run on one; the simulator asks before prepare_model."""
     layer = next((n for n, m in model.named_modules() if isinstance(m, torch.nn.RNNBase)), None)
-    if layer is not None:
-        raise UsageError(f"method {method} cannot run on a recurrent model (layer {layer} is an LSTM): {why}")
+    if layer is not None and method.recurrent_refused:
+        raise UsageError(f"method {method.name} cannot run on a recurrent model (layer {layer} is an LSTM): "
+                         f"{method.recurrent_refused}")
 
 
 def positive_or_none(key: str, value: Any, meaning: str) -> Any:
@@ -155,6 +156,8 @@ class Method:
     # True when what is sent depends on trained values (sparse or pruned payloads): `fedfactor cost`
     # cannot project it from shapes and says so.
     payload_depends_on_values: ClassVar[bool] = False
+    # Why the method cannot run on a recurrent model (char_lstm), or "" when it can (refuse_recurrent).
+    recurrent_refused: ClassVar[str] = ""
 
     def __init__(self, **params: Any):
         try:

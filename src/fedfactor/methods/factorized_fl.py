@@ -23,7 +23,7 @@ from ..fl.state import State, clone, pack_sparse, select, unpack_sparse, weighte
 from ..fl.train import Phase, derive_seed
 from ..nn import LAYOUTS, factorize, factorized_layers
 from ..nn.factorized import BIAS_INITS, MU_INITS
-from .base import METHODS, Count, Float, Method, Params, at_least, one_of, refuse_recurrent, variant
+from .base import METHODS, Count, Float, Method, Params, at_least, one_of, variant
 
 BITS, VALUES = ".bits", ".values"  # suffixes of a sparse-sent entry: bitmap of non-zeros, their values
 MATCH = "match.key"  # the vector the server matches clients on (v^{L-1} or an embedding)
@@ -72,8 +72,8 @@ class FactorizedFL(Method):
     factorized = True  # False: similarity matching on an unfactorized model (SimFed ablation)
     key_name = "similarity_v"  # the diagnostic name of the similarity clients are matched on
     # why a model with LSTM layers is refused (docs/methods/factorized_fl.md)
-    recurrent_why = ("it factorizes Conv2d and Linear kernels only, so the LSTM weights would stay outside "
-                     "u v^T + mu (and under share u never be shared)")
+    recurrent_refused = ("it factorizes Conv2d and Linear kernels only, so the LSTM weights would stay outside "
+                         "u v^T + mu (and under share u never be shared)")
 
     def __init__(self, **params: Any):
         super().__init__(**params)
@@ -83,7 +83,6 @@ class FactorizedFL(Method):
 
     # -- the model -------------------------------------------------------------------------------
     def prepare_model(self, model: nn.Module) -> nn.Module:
-        refuse_recurrent(self.name, model, self.recurrent_why)
         if not self.factorized:
             return model
         hp = self.hp

@@ -19,12 +19,15 @@ from ..errors import UsageError
 from ..fl.state import State, clone, select
 from ..fl.train import Phase, derive_seed
 from ..nn.lowrank import STYLES, decompose, lowrank_layers
-from .base import METHODS, Count, Float, Method, Params, at_least, one_of, refuse_recurrent, variant
+from .base import METHODS, Count, Float, Method, Params, at_least, one_of, variant
 
 
 @METHODS.register("feddecomp", "FedDecomp (004): theta = shared full-rank sigma + private low-rank tau, "
                   "tau trained first, then sigma")
 class FedDecomp(Method):
+    recurrent_refused = ("its low-rank tau is added to Conv2d and Linear weights only, so the LSTM weights would be "
+                         "shared whole, with no personal part")
+
     class Params(Params):
         e_lora: Count = 2  # E_lora: epochs on tau per round; E_global = fl.epochs - e_lora
         # alternating (eqs. 5-6) | simultaneous (Table 3)
@@ -47,8 +50,6 @@ class FedDecomp(Method):
             return self
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
-        refuse_recurrent(self.name, model, "its low-rank tau is added to Conv2d and Linear weights only, so the "
-                         "LSTM weights would be shared whole, with no personal part")
         # A's draws come from their own stream, derived from the seed the simulator set for the model
         generator = torch.Generator().manual_seed(derive_seed(torch.initial_seed(), 4004))
         return decompose(model, self.hp.conv_ratio, self.hp.linear_ratio, self.hp.linear_rank, self.hp.style,

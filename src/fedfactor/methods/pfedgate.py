@@ -20,7 +20,7 @@ from ..fl.state import State, clone, select
 from ..fl.train import Trainer, derive_seed, make_optimizer, mean_loss
 from ..models import resolve_layers
 from ..nn.gate import GatedModel
-from .base import METHODS, Count, Float, Method, Params, one_of, positive_or_none, refuse_recurrent
+from .base import METHODS, Count, Float, Method, Params, one_of, positive_or_none
 
 GATE = "gate."  # the personal gate's entries
 OPTIM_TAG = "pfedgate"  # a client's optimizer state between rounds: "optim.pfedgate.<parameter>.<entry>"
@@ -30,6 +30,9 @@ GATE_STREAM = 2**31 + 7  # derive_seed tag of the gate's initialisation
 @METHODS.register("pfedgate", "pFedGate (Chen et al., ICML 2023): a personal gate scales and sparsifies the shared "
                   "model block-wise under a sparsity budget; FedAvg on the shared model (004 Table 1)")
 class PFedGate(Method):
+    recurrent_refused = ("its gate reads the raw input as image intensities (switchable normalisation, a Linear "
+                         "over them), and token ids are category numbers")
+
     class Params(Params):
         sparsity: Float = Field(0.5, gt=0, le=1)  # s, share kept (paper: 1, 0.5, 0.3; 0.5 the scripts' most common)
         split: Count = Field(5, ge=1)  # blocks per parameter tensor (the authors' scripts)
@@ -54,8 +57,6 @@ class PFedGate(Method):
             return self
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
-        refuse_recurrent(self.name, model, "its gate reads the raw input as image intensities (switchable "
-                         "normalisation, a Linear over them), and token ids are category numbers")
         return GatedModel(model, self.hp.split, self.hp.sparsity, style=self.hp.style)
 
     def bind(self, ctx) -> None:

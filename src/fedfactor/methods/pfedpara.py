@@ -17,12 +17,15 @@ from torch import nn
 from ..errors import UsageError
 from ..nn import gamma_for_share, hadamard_layers, hadamardize
 from ..nn.hadamard import INITS
-from .base import METHODS, Float, Method, Params, one_of, refuse_recurrent
+from .base import METHODS, Float, Method, Params, one_of
 
 
 @METHODS.register("pfedpara", "pFedPara (Hyeon-Woo et al., ICLR 2022): low-rank Hadamard layers W1 o (W2 + 1); "
                   "W1's factors shared, W2's kept local")
 class PFedPara(Method):
+    recurrent_refused = ("its Hadamard layers replace Conv2d and Linear weights only (FedPara's own LSTM "
+                         "parameterisation is not implemented), so the LSTM weights would have no personal part")
+
     class Params(Params):
         capacity: Float = Field(0.95, gt=0, le=1)  # parameter share of the original model (002 C.2: 90-99 %)
         gamma: int | float | None = None  # FedPara's rank ratio in [0, 1]; when set it replaces capacity
@@ -39,9 +42,6 @@ class PFedPara(Method):
             return gamma
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
-        refuse_recurrent(self.name, model, "its Hadamard layers replace Conv2d and Linear weights only (FedPara's "
-                         "own LSTM parameterisation is not implemented), so the LSTM weights would have no "
-                         "personal part")
         gamma = self.hp.gamma
         if gamma is None:
             try:

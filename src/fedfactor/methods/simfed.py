@@ -31,8 +31,8 @@ class SimFed(FactorizedFL):
         criteria_inputs: Count = 1  # Gaussian inputs x_N the embeddings are taken of
 
     key_name = "similarity_z"
-    recurrent_why = ("it matches clients on their embeddings of a Gaussian criteria input, which a model of "
-                     "token ids cannot take")
+    recurrent_refused = ("it matches clients on their embeddings of a Gaussian criteria input, which a model of "
+                         "token ids cannot take")
 
     def personal_head(self) -> bool:
         return self.ctx.head_local
