@@ -228,7 +228,29 @@ def test_lists_name_one_entry_per_line(capsys):
     assert all(len(line.split("\t")) == 2 and line.split("\t")[1] for line in lines)
     assert main(["datasets"]) == 0
     names = {line.split("\t")[0] for line in capsys.readouterr().out.splitlines()}
-    assert {"digits", "mnist", "cifar10", "cifar100", "svhn"} <= names
+    assert {"digits", "mnist", "cifar10", "cifar100", "svhn", "femnist", "shakespeare"} <= names
+    assert main(["partitions"]) == 0
+    assert "natural" in {line.split("\t")[0] for line in capsys.readouterr().out.splitlines()}
+
+
+def test_natural_partition_file_of_a_stand_in_round_trips(tmp_path, capsys):
+    from fedfactor.data import load_dataset
+    from fedfactor.data.partition import Partition
+
+    sets = ["data.name=synthetic:shakespeare", "partition.kind=natural", "fl.clients=7", "data.split=[0.8, 0.0, 0.2]",
+            "seed=3"]
+    out = tmp_path / "part.json"
+    assert main(["partition", *_sets(sets), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.startswith("natural: 7 clients")
+    ds = load_dataset("synthetic:shakespeare")
+    part = Partition.load(out)
+    part.validate(ds.y.numpy(), str(out))
+    assert [set(ds.owners[c["train"]]) for c in part.clients] == [{w} for w in part.meta["natural_clients"]]
+    again = tmp_path / "again.json"
+    assert main(["partition", *_sets(sets), "--out", str(again)]) == 0
+    assert again.read_bytes() == out.read_bytes()
+    assert main(["prepare-data", "--dataset", "synthetic:shakespeare", "--root", str(tmp_path / "data")]) == 0
+    assert "100 classes, 10 natural clients" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -171,7 +171,7 @@ def cmd_partition(args) -> None:
     cfg = _config(args)
     ds = load_dataset(cfg.data.name, cfg.data.root, download=cfg.data.download)
     y = ds.y.numpy()
-    part = build_partition(cfg, y, ds.n_official_train, ds.info.num_classes)
+    part = build_partition(cfg, y, ds.n_official_train, ds.info.num_classes, ds.owners)
     part.save(args.out, y)
     sizes = [len(c["train"]) for c in part.clients]
     print(f"{cfg.partition.kind}: {part.num_clients} clients, train sizes {min(sizes)}..{max(sizes)} -> {args.out}")
@@ -184,7 +184,8 @@ def cmd_prepare_data(args) -> None:
     stats = prepare_dataset(args.dataset, args.root)
     if args.out:
         atomic_write_json(args.out, stats)
-    print(f"{args.dataset}: {stats['samples']} samples, {stats['num_classes']} classes, ready in {args.root}")
+    clients = f", {stats['natural_clients']} natural clients" if "natural_clients" in stats else ""
+    print(f"{args.dataset}: {stats['samples']} samples, {stats['num_classes']} classes{clients}, ready in {args.root}")
 
 
 def _list(registry) -> None:

@@ -89,6 +89,7 @@ class PartitionConfig(Section):
     # dirichlet_fixed: True draws each client's samples independently (clients may share samples),
     # as FedDecomp's official code does; False makes clients disjoint.
     overlap: bool = True
+    # dirichlet: redraw until every client has this many train samples; natural: the clients eligible
     min_train_samples: Int = Field(1, ge=1, le=MAX_SAMPLES)
     permute_labels: bool = False
     permutation_seed: Int = Field(1234, ge=0, le=MAX_SEED)

@@ -36,10 +36,16 @@ from .models import build_model, resolve_layers
 from .models.layers import layer_entries
 
 
-def build_partition(cfg: Config, y: np.ndarray, n_official_train: int, num_classes: int) -> Partition:
-    """The partition a config describes: seeded split of the pooled data, then per-client shares."""
-    splits = make_splits(len(y), n_official_train, cfg.data.split, cfg.data.split_mode, seed=cfg.seed)
-    return make_partition(y, splits, num_classes, cfg.fl.clients, cfg.partition.spec(), seed=cfg.seed)
+def build_partition(cfg: Config, y: np.ndarray, n_official_train: int, num_classes: int,
+                    owners: np.ndarray | None = None) -> Partition:
+    """The partition a config describes: seeded split of the pooled data, then per-client shares.
+
+    `owners` is each sample's natural client (Dataset.owners). Under the kind `natural` each natural
+    client's samples are split on their own (data.split per client), as FedFac splits every client's data.
+    """
+    own = owners if cfg.partition.kind == "natural" else None
+    splits = make_splits(len(y), n_official_train, cfg.data.split, cfg.data.split_mode, seed=cfg.seed, owners=own)
+    return make_partition(y, splits, num_classes, cfg.fl.clients, cfg.partition.spec(), seed=cfg.seed, owners=owners)
 
 
 def head_is_local(head: str, label_maps: np.ndarray) -> bool:
@@ -184,6 +190,9 @@ class Simulator:
         self.augment = info.augment if cfg.data.augment == "auto" else cfg.data.augment
         if self.augment not in AUGMENT_KINDS:
             raise UsageError(f"data.augment {self.augment!r} is unknown; choose auto, {', '.join(AUGMENT_KINDS)}")
+        if info.input == "tokens" and self.augment != "none":  # cropping token ids would garble the text
+            raise UsageError(f"data.augment {self.augment!r} does not apply to {info.name}'s token inputs; use auto "
+                             "or none")
         self.partition: Partition | None = None
         self.clients: list[dict[str, Split]] = []
         self.x = torch.empty(0, device=self.device)
@@ -312,7 +321,7 @@ class Simulator:
             self.partition.check_labels(y, str(cfg.partition.file))
             self.partition.validate(y, str(cfg.partition.file))
         else:
-            self.partition = build_partition(cfg, y, ds.n_official_train, num_classes)
+            self.partition = build_partition(cfg, y, ds.n_official_train, num_classes, ds.owners)
         self.x = ds.x
         self.clients = [{s: self._split(y, k, s) for s in SPLITS} for k in range(cfg.fl.clients)]
         empty = [k for k, c in enumerate(self.clients) if len(c["test"]) == 0]

@@ -200,7 +200,8 @@ def check_loaded(ds, written: dict, n_train: int) -> None:
 
 def test_registry_lists_every_dataset_with_one_line_descriptions():
     names = [n for n, _ in DATASETS.describe()]
-    assert names == ["cifar10", "cifar100", "digits", "mnist", "npz:PATH", "svhn", "synthetic:NAME", "tinyimagenet"]
+    assert names == ["cifar10", "cifar100", "digits", "femnist", "mnist", "npz:PATH", "shakespeare", "svhn",
+                     "synthetic:NAME", "tinyimagenet"]
     assert all(d and "\n" not in d for _, d in DATASETS.describe())
 
 
@@ -220,10 +221,25 @@ def test_dataset_info_is_static_and_needs_no_files(tmp_path, name, shape, classe
     assert (info.name, (info.channels, info.height, info.width), info.num_classes, info.augment) == (
         name, shape, classes, augment
     )
+    assert (info.input, info.natural_clients) == ("image", 0)  # images, without natural clients
+
+
+def test_datasets_without_natural_clients_load_without_owners_and_summaries_as_before(tmp_path):
+    ds = load_dataset("digits")
+    assert ds.owners is None and ds.info == dataset_info("digits")
+    assert set(prepare_dataset("synthetic:cifar10", tmp_path)) == {
+        "dataset", "samples", "official_train", "official_test", "num_classes", "shape", "class_counts"}
+
+
+def test_token_inputs_are_ids_not_normalised_images():
+    ds = load_dataset("synthetic:shakespeare")
+    assert ds.info.input == "tokens" and ds.x.dtype == torch.float32 and ds.x.shape[1:] == (1, 1, 80)
+    assert torch.equal(ds.x, ds.x.round()) and 0 <= float(ds.x.min()) and float(ds.x.max()) < 100
 
 
 def test_unknown_dataset_names_the_choices():
-    with pytest.raises(UsageError, match="choose one of: cifar10, cifar100, digits, mnist, npz:PATH, svhn, synthetic:NAME, tinyimagenet"):
+    with pytest.raises(UsageError, match="choose one of: cifar10, cifar100, digits, femnist, mnist, npz:PATH, "
+                                         "shakespeare, svhn, synthetic:NAME, tinyimagenet"):
         dataset_info("imagenet")
     with pytest.raises(UsageError, match="choose one of"):
         load_dataset("imagenet")

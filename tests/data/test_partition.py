@@ -151,7 +151,7 @@ ALL_SPECS = SHARE_SPECS + [
 
 def test_all_kinds_registered_with_descriptions():
     described = dict(PARTITIONS.describe())
-    assert set(described) == {"iid", "dirichlet", "shards", "class_groups", "dirichlet_fixed"}
+    assert set(described) == {"iid", "dirichlet", "shards", "class_groups", "dirichlet_fixed", "natural"}
     assert all(d and "\n" not in d for d in described.values())
 
 
@@ -829,3 +829,113 @@ def test_load_rejects_values_json_would_coerce(c10, tmp_path, path, value, reaso
         Partition.load(bad)
     message = str(err.value)
     assert reason in message and "bad.json" in message and "\n" not in message
+
+
+# --------------------------------------------------------------------------------------------
+# natural: the data's own clients (FEMNIST's writers, Shakespeare's roles)
+
+
+def natural_data(sizes=(12, 5, 1, 30, 7, 2, 9, 20), num_classes=10, seed=0):
+    """Labels and owners of len(sizes) writers, their samples interleaved as LEAF's shards are not."""
+    rng = np.random.default_rng(seed)
+    owners = rng.permutation(np.repeat(np.arange(len(sizes)), sizes))
+    y = rng.integers(0, num_classes, size=len(owners))
+    return y, owners
+
+
+NATURAL = {"kind": "natural"}
+FEDFAC_SPLIT = (0.8, 0.0, 0.2)  # "we randomly split the dataset in each client to be training (80%) and testing (20%)"
+
+
+def natural_partition(y, owners, clients, seed=0, fractions=FEDFAC_SPLIT, spec=NATURAL):
+    splits = make_splits(len(y), len(y), fractions, seed=seed, owners=owners)
+    return make_partition(y, splits, 10, clients, spec, seed=seed, owners=owners)
+
+
+def test_per_owner_splits_cut_each_writer_80_20_with_a_test_sample_each():
+    y, owners = natural_data()
+    splits = make_splits(len(y), len(y), FEDFAC_SPLIT, seed=3, owners=owners)
+    assert len(splits["val"]) == 0
+    for k, m in enumerate((12, 5, 1, 30, 7, 2, 9, 20)):
+        mine = {s: int((owners[splits[s]] == k).sum()) for s in SPLITS}
+        assert mine["test"] == max(1, round(0.2 * m)) and mine["train"] == m - mine["test"]
+    # seeded, sorted, disjoint, covering
+    again = make_splits(len(y), len(y), FEDFAC_SPLIT, seed=3, owners=owners)
+    assert all(np.array_equal(splits[s], again[s]) for s in SPLITS)
+    assert not all(np.array_equal(splits[s], make_splits(len(y), len(y), FEDFAC_SPLIT, seed=4, owners=owners)[s])
+                   for s in SPLITS)
+    assert np.array_equal(np.sort(np.concatenate([splits[s] for s in SPLITS])), np.arange(len(y)))
+    assert all(np.array_equal(splits[s], np.sort(splits[s])) for s in SPLITS)
+    # a val share comes out of each writer's own samples too
+    with_val = make_splits(len(y), len(y), (0.8, 0.1, 0.1), seed=3, owners=owners)
+    assert int((owners[with_val["val"]] == 3).sum()) == 3 and int((owners[with_val["test"]] == 3).sum()) == 3
+
+
+def test_make_splits_without_owners_is_unchanged():
+    # the default study's splits: the same indices whether or not owners exist as a parameter
+    a = make_splits(1797, 1797, (0.8, 0.1, 0.1), seed=0)
+    b = make_splits(1797, 1797, (0.8, 0.1, 0.1), seed=0, owners=None)
+    assert all(np.array_equal(a[s], b[s]) for s in SPLITS)
+    assert [len(a[s]) for s in SPLITS] == [1438, 179, 180]
+
+
+def test_natural_clients_are_writers_sampled_with_the_seed():
+    y, owners = natural_data()
+    part = natural_partition(y, owners, 5, seed=1)
+    chosen = part.meta["natural_clients"]
+    assert part.meta["kind"] == "natural" and len(chosen) == 5 == len(set(chosen))
+    assert 2 not in chosen  # the writer with one sample has no train sample left
+    assert part.meta["eligible_clients"] == 7
+    for k, writer in enumerate(chosen):
+        mine = np.flatnonzero(owners == writer)
+        held = np.concatenate([part.clients[k][s] for s in SPLITS])
+        assert np.array_equal(np.sort(held), mine)  # all its samples, and only its samples
+        m = len(mine)
+        assert len(part.clients[k]["test"]) == max(1, round(0.2 * m)) and len(part.clients[k]["val"]) == 0
+    # the pooled splits scored on are the chosen clients' own
+    assert np.array_equal(part.pools["test"], np.sort(np.concatenate([c["test"] for c in part.clients])))
+    assert len(part.pools["val"]) == 0
+    assert np.array_equal(part.label_maps, np.tile(np.arange(10), (5, 1)))  # every client: every class
+    part.validate(y, "natural")
+    # deterministic in the seed; another seed draws other writers
+    assert natural_partition(y, owners, 5, seed=1) == part
+    draws = {tuple(natural_partition(y, owners, 5, seed=s).meta["natural_clients"]) for s in range(6)}
+    assert len(draws) > 1
+
+
+def test_natural_takes_fl_clients_of_the_eligible_and_refuses_more():
+    y, owners = natural_data()
+    every = natural_partition(y, owners, 7)
+    assert every.meta["natural_clients"] == [0, 1, 3, 4, 5, 6, 7]
+    with pytest.raises(UsageError, match="8 clients asked for, but only 7 of the data's 8 natural clients") as err:
+        natural_partition(y, owners, 8)
+    assert "\n" not in str(err.value)
+    # min_train_samples raises the bar: writers 1 (4 train samples), 4 (6) and 5 (1) drop out
+    strict = natural_partition(y, owners, 4, spec={"kind": "natural", "min_train_samples": 7})
+    assert strict.meta["natural_clients"] == [0, 3, 6, 7] and strict.meta["eligible_clients"] == 4
+    assert sorted(len(c["train"]) for c in strict.clients) == [7, 10, 16, 24]
+
+
+def test_natural_needs_owners():
+    y, owners = natural_data()
+    splits = make_splits(len(y), len(y), FEDFAC_SPLIT, seed=0)
+    with pytest.raises(UsageError, match="partition kind 'natural' needs data whose samples come from natural "
+                                         "clients") as err:
+        make_partition(y, splits, 10, 3, NATURAL, seed=0)
+    assert "\n" not in str(err.value)
+    with pytest.raises(UsageError, match=r"owners must be 86 non-negative integers, .*\(got int64 of shape \[85\]\)"):
+        make_partition(y, splits, 10, 3, NATURAL, seed=0, owners=owners[:-1])
+    with pytest.raises(UsageError, match="owners must be"):
+        make_partition(y, splits, 10, 3, NATURAL, seed=0, owners=owners - 1)
+    # the other kinds ignore owners
+    iid = make_partition(y, splits, 10, 3, {"kind": "iid"}, seed=0)
+    assert make_partition(y, splits, 10, 3, {"kind": "iid"}, seed=0, owners=owners) == iid
+
+
+def test_natural_partition_round_trips_through_its_file(tmp_path):
+    y, owners = natural_data()
+    part = natural_partition(y, owners, 6, seed=2, spec={"kind": "natural", "permute_labels": True})
+    part.save(tmp_path / "p.json", y)
+    loaded = Partition.load(tmp_path / "p.json")
+    assert loaded == part and loaded.meta["natural_clients"] == part.meta["natural_clients"]
+    loaded.validate(y, "p.json")

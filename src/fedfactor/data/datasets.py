@@ -11,7 +11,8 @@ Torchvision's own classes download and checksum the image datasets; this module 
 left in the data root. Tiny-ImageNet has no torchvision class: torchvision's downloader fetches and
 checks its zip, and this module decodes its JPEGs once into an .npz cache. `prepare-data` copies
 scikit-learn's digits into the data root as an .npz, so that training jobs need not import
-scikit-learn.
+scikit-learn. FEMNIST and Shakespeare come from LEAF's JSON shards, with the natural client (writer,
+speaking role) of every sample: `leaf.py`.
 """
 
 from __future__ import annotations
@@ -19,14 +20,12 @@ from __future__ import annotations
 import gzip
 import hashlib
 import logging
-import shlex
 import shutil
-import socket
 import tarfile
 import urllib.error
 import zipfile
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -37,6 +36,12 @@ from ..devices import resolve_device
 from ..errors import UsageError
 from ..io import atomic_open
 from ..registry import Registry
+from . import leaf
+from .base import IMAGE_SIDE, SEQUENCE_LENGTH, DatasetInfo, check_owners
+from .base import Arrays as _Arrays
+from .base import is_network_error as _is_network_error
+from .base import one_line as _one_line
+from .base import prepare_command as _prepare_command
 
 log = logging.getLogger("fedfactor")
 
@@ -51,32 +56,14 @@ _CHUNK = 2048
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-@dataclass(frozen=True)
-class DatasetInfo:
-    name: str  # registry name, or "npz:PATH"
-    channels: int
-    height: int
-    width: int
-    num_classes: int
-    augment: str  # default augmentation: "crop_flip", "crop" or "none"
-
-
 @dataclass
 class Dataset:
     info: DatasetInfo
     x: torch.Tensor  # float32 [N, C, H, W]: official train part first, then official test part
     y: torch.Tensor  # int64 [N]
     n_official_train: int  # how many of the N come from the official train part
-
-
-@dataclass
-class _Arrays:
-    """Raw arrays as read from disk: x [n, C, H, W] in the file's dtype, y int64 [n]."""
-
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
+    # int32 [N]: the natural client (0..info.natural_clients - 1) of each sample; None without
+    owners: np.ndarray | None = None
 
 
 class _Source:
@@ -93,10 +80,6 @@ class _Source:
 
 
 DATASETS: Registry[_Source] = Registry("dataset")
-
-
-def _one_line(text: Any) -> str:
-    return " ".join(str(text).split())
 
 
 def _md5(path: Path) -> str:
@@ -248,14 +231,6 @@ class _Torchvision(_Source):
         )
 
 
-def _is_network_error(err: BaseException) -> bool:
-    if isinstance(err, (urllib.error.URLError, ConnectionError, TimeoutError, socket.gaierror)):
-        return True
-    # MNIST folds every mirror's failure into one RuntimeError; a corrupt download says so.
-    text = str(err)
-    return isinstance(err, RuntimeError) and text.startswith("Error downloading") and "corrupted" not in text
-
-
 # What torchvision's readers and extractors raise on missing, damaged or foreign files
 _READ_ERRORS = (RuntimeError, OSError, ValueError, AssertionError, EOFError, KeyError, tarfile.TarError,
                 zipfile.BadZipFile, zlib.error)
@@ -302,10 +277,6 @@ def _first_broken_archive(files: Sequence[_File]) -> tuple[Path, str] | None:
 def _read_through(stream) -> None:
     while stream.read(1 << 20):
         pass
-
-
-def _prepare_command(name: str, root: Path) -> str:
-    return f"`fedfactor prepare-data --dataset {name} --root {shlex.quote(str(root))}`"
 
 
 def _checksum_error(name: str, root: Path, path: Path, got: str, expected: str) -> UsageError:
@@ -701,6 +672,8 @@ class _Synthetic(_Source):
 
     def info(self, arg: str, root: Path) -> DatasetInfo:
         base = self._base(arg, root)
+        if isinstance(DATASETS.get(arg), _Leaf):
+            return leaf.synthetic_info(base, SYNTHETIC_PREFIX + arg)
         return DatasetInfo(SYNTHETIC_PREFIX + arg, base.channels, base.height, base.width, base.num_classes,
                            base.augment)
 
@@ -709,6 +682,8 @@ class _Synthetic(_Source):
         k, shape = info.num_classes, (info.channels, info.height, info.width)
         per_class = max(6, self.SAMPLES // k)
         rng = np.random.default_rng(int.from_bytes(hashlib.sha256(arg.encode()).digest()[:4], "little"))
+        if isinstance(DATASETS.get(arg), _Leaf):  # natural clients, each with data of its own
+            return leaf.synthetic_arrays(info, rng)
         # A class is a random template plus noise, so a model can learn something and a smoke run
         # exercises a falling loss, not only the plumbing.
         templates = rng.uniform(0, 255, size=(k, *shape))
@@ -716,6 +691,21 @@ class _Synthetic(_Source):
         x = np.clip(templates[y] * 0.5 + rng.uniform(0, 127, size=(len(y), *shape)), 0, 255).astype(np.uint8)
         test = np.arange(len(y)) % 4 == 0  # a quarter of each class as the official test part
         return _Arrays(x[~test], y[~test], x[test], y[test])
+
+
+# ---------------------------------------------------------------------------------------------
+# LEAF: FEMNIST and Shakespeare, with the natural client of every sample (leaf.py)
+
+
+class _Leaf(_Source):
+    def __init__(self, info: DatasetInfo):
+        self._info = info
+
+    def info(self, arg: str, root: Path) -> DatasetInfo:
+        return replace(self._info, natural_clients=leaf.cached_clients(arg, root))
+
+    def arrays(self, arg: str, root: Path, download: bool) -> _Arrays:
+        return leaf.arrays(self._info, root, download)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -753,8 +743,23 @@ _ENTRIES: list[tuple[str, str, _Source]] = [
         _TinyImageNet(DatasetInfo("tinyimagenet", 3, 64, 64, 200, "crop_flip")),
     ),
     (
+        "femnist",
+        "FEMNIST from LEAF: 28x28 grey handwritten digits and letters, 62 classes, a natural client per writer "
+        "(LEAF: 805,263 images, 3,550 writers; download: NIST SD19 zips, by_write.zip alone 568 MB, then LEAF's "
+        "preprocessing)",
+        _Leaf(DatasetInfo("femnist", 1, IMAGE_SIDE, IMAGE_SIDE, 62, "none")),
+    ),
+    (
+        "shakespeare",
+        "Shakespeare from LEAF: the next character after 80, 100 classes (string.printable), a natural client "
+        "per speaking role (LEAF: 4,226,158 samples, 1,129 roles; download: Gutenberg's 1994-01-100.zip, then "
+        "LEAF's preprocessing)",
+        _Leaf(DatasetInfo("shakespeare", 1, 1, SEQUENCE_LENGTH, 100, "none", input="tokens")),
+    ),
+    (
         _SYNTHETIC_ENTRY,
-        "random class templates plus noise in NAME's shape and classes, for smoke runs (never results)",
+        "random class templates plus noise in NAME's shape and classes, for smoke runs (never results); "
+        "femnist and shakespeare: 10 pseudo writers or roles, each with data of its own",
         _Synthetic(),
     ),
     (
@@ -792,20 +797,27 @@ def dataset_info(name: str, root: str | Path = "data") -> DatasetInfo:
 def load_dataset(
     name: str, root: str | Path = "data", download: bool = False, device: str | torch.device = "cpu"
 ) -> Dataset:
-    """All samples of a dataset, pooled and normalised with the official-train part's statistics."""
+    """All samples of a dataset, pooled and normalised with the official-train part's statistics.
+
+    Token inputs (info.input "tokens") stay token ids, as float32 [N, 1, 1, length]: the model
+    embeds them, and the simulator indexes and batches them like images.
+    """
     dev = resolve_device(device)  # before the (slow) load, so a bad device fails at once
     info, arrays = _read(name, root, download)
-    mean, std = _channel_stats(arrays.x_train)
-    x = _normalise([arrays.x_train, arrays.x_test], mean, std)
+    if info.input == "tokens":
+        x = torch.from_numpy(np.concatenate([arrays.x_train, arrays.x_test])).float()
+    else:
+        mean, std = _channel_stats(arrays.x_train)
+        x = _normalise([arrays.x_train, arrays.x_test], mean, std)
     y = torch.from_numpy(np.concatenate([arrays.y_train, arrays.y_test]))
-    return Dataset(info, x.to(dev), y.to(dev), len(arrays.y_train))
+    return Dataset(info, x.to(dev), y.to(dev), len(arrays.y_train), arrays.owners)
 
 
 def prepare_dataset(name: str, root: str | Path = "data") -> dict:
     """Download (if needed) and verify a dataset; returns a JSON-ready summary of it."""
     info, arrays = _read(name, root, download=True)
     y = np.concatenate([arrays.y_train, arrays.y_test])
-    return {
+    summary = {
         "dataset": info.name,
         "samples": int(len(y)),
         "official_train": int(len(arrays.y_train)),
@@ -814,6 +826,10 @@ def prepare_dataset(name: str, root: str | Path = "data") -> dict:
         "shape": [info.channels, info.height, info.width],
         "class_counts": [int(c) for c in np.bincount(y, minlength=info.num_classes)],
     }
+    if arrays.owners is not None:  # only then: the other datasets' summaries stay as they were
+        summary["natural_clients"] = info.natural_clients
+        summary["input"] = info.input
+    return summary
 
 
 def _read(name: str, root: str | Path, download: bool) -> tuple[DatasetInfo, _Arrays]:
@@ -822,6 +838,8 @@ def _read(name: str, root: str | Path, download: bool) -> tuple[DatasetInfo, _Ar
     root = Path(root).expanduser()
     info = source.info(arg, root)
     arrays = source.arrays(arg, root, download)
+    if arrays.owners is not None:  # the count as read, also where the static info could not know it
+        info = replace(info, natural_clients=len(arrays.client_names))
     _check_arrays(info, arrays, root)
     return info, arrays
 
@@ -832,16 +850,21 @@ def make_splits(
     fractions: Sequence[float] = (0.8, 0.1, 0.1),
     mode: str = "pooled",
     seed: int = 0,
+    owners: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Seeded train/val/test indices into the pooled samples, each sorted ascending (int64).
 
     "pooled" follows Factorized-FL's official code: shuffle all n, take train, then test, and
     leave the remainder to val. "official" keeps the official test part as test and cuts the
-    official-train part into train and val in the ratio of their fractions.
+    official-train part into train and val in the ratio of their fractions. With `owners` (the
+    natural client of each sample), "pooled" cuts each client's samples on their own instead
+    (`_per_owner`).
     """
     f_train, f_val, f_test = _check_split_args(n, n_official_train, fractions, mode)
     rng = np.random.default_rng(seed)
-    if mode == "pooled":
+    if mode == "pooled" and owners is not None:
+        parts = _per_owner(check_owners(owners, n), f_val, f_test, rng)
+    elif mode == "pooled":
         perm = rng.permutation(n)
         n_train = round(n * f_train)
         n_test = min(round(n * f_test), n - n_train)
@@ -860,6 +883,23 @@ def make_splits(
 
 # ---------------------------------------------------------------------------------------------
 # Helpers for the public API
+
+
+def _per_owner(owners: np.ndarray, f_val: float, f_test: float, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Each natural client's samples shuffled and cut on their own ("we randomly split the dataset in
+    each client", FedFac 5.1): test = round(m f_test) but at least one sample (when f_test > 0), val =
+    round(m f_val) of the rest, train = the remainder, so 80/0/20 leaves nothing to val."""
+    order = np.argsort(owners, kind="stable")
+    groups = np.split(order, np.flatnonzero(np.diff(owners[order])) + 1)
+    parts: dict[str, list[np.ndarray]] = {"train": [], "val": [], "test": []}
+    for group in groups:
+        perm, m = rng.permutation(group), len(group)
+        n_test = max(1, round(m * f_test)) if f_test > 0 else 0
+        n_val = min(round(m * f_val), m - n_test)
+        parts["test"].append(perm[:n_test])
+        parts["val"].append(perm[n_test : n_test + n_val])
+        parts["train"].append(perm[n_test + n_val :])
+    return {k: np.concatenate([np.zeros(0, np.int64), *v]) for k, v in parts.items()}
 
 
 def _check_split_args(
@@ -898,6 +938,13 @@ def _check_arrays(info: DatasetInfo, arrays: _Arrays, root: Path) -> None:
                 f"{info.name} under {root} has labels outside 0..{info.num_classes - 1}; "
                 "delete the files and download them again"
             )
+    owners, n = arrays.owners, len(arrays.y_train) + len(arrays.y_test)
+    if owners is not None and (owners.shape != (n,) or (n and not 0 <= owners.min() <= owners.max()
+                                                          < info.natural_clients)):
+        raise UsageError(
+            f"{info.name} under {root} assigns its {n} samples to natural clients outside "
+            f"0..{info.natural_clients - 1}; delete the files and download them again"
+        )
 
 
 def _channel_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -10,7 +10,8 @@ Most kinds are defined by a share matrix P [K, C] (P[k, c] = share of class c th
 `_cut_by_shares` then cuts every split of every class at the same boundaries, so the clients are
 disjoint and together cover every sample of every class some client uses. `dirichlet_fixed`
 (FedDecomp) instead draws a fixed number of samples per client and split, by default independently
-of the other clients, as FedDecomp's code does.
+of the other clients, as FedDecomp's code does. `natural` takes the clients the data come with
+(FEMNIST's writers, Shakespeare's speaking roles), each with its own samples.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..config import PartitionConfig, validation_message
 from ..errors import UsageError
 from ..io import atomic_write_text
 from ..registry import Registry
+from .base import check_owners
 
 SPLITS = ("train", "val", "test")
 POOLED_SPLITS = ("val", "test")  # the pooled splits a partition keeps for shared evaluation
@@ -346,6 +348,7 @@ class _Task:
     num_clients: int
     spec: dict[str, Any]
     seed: int
+    owners: np.ndarray | None = None  # int64 [N]: each sample's natural client, where the data have them
     # class_pools[split][c]: sorted indices of class c in that split
     class_pools: dict[str, list[np.ndarray]] = field(init=False)
 
@@ -367,6 +370,7 @@ class _Task:
 class _Layout:
     clients: list[dict[str, np.ndarray]]
     meta: dict[str, Any]
+    pools: dict[str, np.ndarray] | None = None  # None: the pooled val and test splits as given
 
 
 PARTITIONS: Registry[Callable[[_Task], _Layout]] = Registry("partition")
@@ -595,6 +599,44 @@ def _dirichlet_fixed(task: _Task) -> _Layout:
     return _Layout(clients, meta)
 
 
+@PARTITIONS.register(
+    "natural", "the data's own clients (writers, speaking roles): fl.clients of them, sampled, each its own samples"
+)
+def _natural(task: _Task) -> _Layout:
+    """fl.clients natural clients, drawn without replacement (seeded) from those with at least
+    min_train_samples train samples and a test sample; a client's splits are its samples in the
+    given splits (`make_splits` with owners cuts each client's samples on their own). The pooled val
+    and test splits are the union of the drawn clients' own, so every sample scored belongs to a
+    client that takes part.
+    """
+    if task.owners is None:
+        raise UsageError("partition kind 'natural' needs data whose samples come from natural clients (femnist, "
+                         "shakespeare or their synthetic: stand-ins); this dataset has none")
+    need = task.spec["min_train_samples"]
+    n_owners = int(task.owners.max()) + 1 if len(task.owners) else 0
+    by_split = {}
+    for s in SPLITS:
+        idx = task.splits[s]
+        order = np.argsort(task.owners[idx], kind="stable")  # idx is sorted, so each client's stays sorted
+        bounds = np.searchsorted(task.owners[idx][order], np.arange(n_owners + 1))
+        by_split[s] = (idx[order], bounds)
+    counts = {s: np.diff(bounds) for s, (_, bounds) in by_split.items()}
+    eligible = np.flatnonzero((counts["train"] >= need) & (counts["test"] >= 1))
+    if task.num_clients > len(eligible):
+        raise UsageError(
+            f"natural: {task.num_clients} clients asked for, but only {len(eligible)} of the data's {n_owners} "
+            f"natural clients have {need}+ train samples and a test sample; use at most {len(eligible)} clients"
+        )
+    chosen = np.sort(_rng(task.seed, _STREAM_SHARES).choice(eligible, size=task.num_clients, replace=False))
+    clients = [
+        {s: idx[bounds[o] : bounds[o + 1]].astype(np.int64) for s, (idx, bounds) in by_split.items()}
+        for o in chosen
+    ]
+    pools = {s: _sorted_union([c[s] for c in clients]) for s in POOLED_SPLITS}
+    meta = {"natural_clients": chosen.tolist(), "eligible_clients": int(len(eligible)), "min_train_samples": need}
+    return _Layout(clients, meta, pools)
+
+
 # --------------------------------------------------------------------------------------------
 # Spec checking, label maps and the entry point
 
@@ -741,12 +783,18 @@ def make_partition(
     num_clients: int,
     spec: dict,
     seed: int,
+    owners: np.ndarray | None = None,
 ) -> Partition:
-    """Partition (y, splits) over num_clients clients as `spec` says; deterministic in `seed`."""
+    """Partition (y, splits) over num_clients clients as `spec` says; deterministic in `seed`.
+
+    `owners` (int [N]) names each sample's natural client; the kind `natural` needs it, the others
+    ignore it.
+    """
     y, splits = _check_inputs(y, splits, num_classes, num_clients, seed)
     resolved = _resolve_spec(spec)
     label_maps, num_outputs = _label_maps(resolved, num_classes, num_clients)
-    task = _Task(y, splits, int(num_classes), int(num_clients), resolved, int(seed))
+    owners = None if owners is None else check_owners(owners, len(y))
+    task = _Task(y, splits, int(num_classes), int(num_clients), resolved, int(seed), owners)
     layout = PARTITIONS.get(resolved["kind"])(task)
 
     sizes = [len(c["train"]) for c in layout.clients]
@@ -765,5 +813,5 @@ def make_partition(
         num_original_classes=int(num_classes),
         labels_sha1=labels_sha1(y),
     )
-    pools = {s: splits[s] for s in POOLED_SPLITS}
+    pools = layout.pools if layout.pools is not None else {s: splits[s] for s in POOLED_SPLITS}
     return Partition(task.num_clients, num_outputs, layout.clients, label_maps, pools, meta)
