@@ -23,7 +23,7 @@ from fedfactor.config import load_config
 from fedfactor.data import dataset_info, task_label_maps
 from fedfactor.models import build_model, resolve_layers
 from fedfactor.methods import METHODS, build
-from fedfactor.workflow import method_sets, run_sets
+from fedfactor.workflow import method_entry, method_sets, run_sets, scenario_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
@@ -54,9 +54,9 @@ def _run_studies():
 
 def _sets(study: dict, scenario: str, label: str | None = None) -> list[str]:
     """The `--set` arguments the train rule passes (workflow/rules/study.smk, train_sets)."""
-    overrides = study["scenarios"][scenario]
+    overrides = scenario_overrides(study, scenario)
     sets = run_sets(overrides, scenario=scenario, data={"root": study.get("data_root", "data")})
-    return sets + (method_sets(study["methods"][label], label) if label else [])
+    return sets + (method_sets(method_entry(study, scenario, label), label) if label else [])
 
 
 @pytest.mark.parametrize("path", STUDY_FILES, ids=_name)
@@ -115,7 +115,7 @@ def _check_scenario(study, scenario):
 
 
 def _check_method(study, scenario, label):
-    entry = dict(study["methods"][label])
+    entry = method_entry(study, scenario, label)  # the study's settings, the scenario's own on top
     cfg = load_config(REPO / study["run_config"], _sets(study, scenario, label))
     cfg.method = build(cfg.method).spec  # typed and checked by the method, as the train job does
     # the study's hyperparameters arrive as given, none dropped or renamed on the way, and so do the

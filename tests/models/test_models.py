@@ -26,7 +26,7 @@ SHAPES = [
 def test_registry_lists_every_model_with_a_one_line_description():
     described = dict(MODELS.describe())
     assert set(described) == {"resnet9", "cnn", "cnn_bn", "mlp", "resnet18", "vgg16", "femnist_cnn", "resnet8", "resnet10",
-                              "resnet8_cifar", "resnet10_cifar", "char_lstm"}
+                              "resnet8_cifar", "resnet10_cifar", "char_lstm", "femnist_cnn_softmax"}
     assert all(d and "\n" not in d for d in described.values())
 
 
@@ -91,7 +91,7 @@ def test_resnet9_rejects_images_too_small():
 
 
 def test_bad_model_requests():
-    choices = ("char_lstm, cnn, cnn_bn, femnist_cnn, mlp, resnet10, resnet10_cifar, resnet18, resnet8, resnet8_cifar, "
+    choices = ("char_lstm, cnn, cnn_bn, femnist_cnn, femnist_cnn_softmax, mlp, resnet10, resnet10_cifar, resnet18, resnet8, resnet8_cifar, "
                "resnet9, vgg16")
     with pytest.raises(UsageError, match=f"unknown model 'vgg'; choose one of: {choices}"):
         build_model("vgg", 3, 32, 32, 10)

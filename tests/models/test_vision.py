@@ -95,3 +95,20 @@ def test_femnist_cnn_rejects_images_too_small():
         build_model("femnist_cnn", 1, m - 1, 28, 10)
     assert "\n" not in str(e.value)
     assert build_model("femnist_cnn", 1, m, m, 10).eval()(torch.randn(2, 1, m, m)).shape == (2, 10)
+
+
+def test_femnist_cnn_softmax_is_femnist_cnn_ending_in_a_softmax_with_the_same_weights_and_layers():
+    from fedfactor.models import weight_layers
+
+    torch.manual_seed(0)
+    plain = build_model("femnist_cnn", 1, 28, 28, 62).eval()
+    torch.manual_seed(0)
+    asrun = build_model("femnist_cnn_softmax", 1, 28, 28, 62).eval()
+    assert plain.state_dict().keys() == asrun.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), asrun.state_dict().values()))
+    assert weight_layers(asrun) == weight_layers(plain)
+    x = torch.randn(3, 1, 28, 28)
+    with torch.no_grad():
+        out = asrun(x)
+        assert torch.allclose(out, torch.softmax(plain(x), dim=1))
+    assert torch.allclose(out.sum(1), torch.ones(3)) and (out >= 0).all()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import torch
 from torch import nn
 
 from ..errors import UsageError
@@ -110,3 +111,20 @@ def femnist_cnn(channels: int, height: int, width: int, num_classes: int) -> nn.
         nn.Dropout(0.5),
     )
     return HeadedModel(body, nn.Linear(512, num_classes))
+
+
+class _SoftmaxOutput(HeadedModel):
+    """A HeadedModel whose forward ends in a Softmax: the cross-entropy then sees probabilities."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(super().forward(x), dim=1)
+
+
+@MODELS.register("femnist_cnn_softmax", "FedFac's FEMNIST CNN as its code runs it: femnist_cnn with a Softmax "
+                 "before the cross-entropy (a double softmax)")
+def femnist_cnn_softmax(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
+    """femnist_cnn with the official CNNMnist's final Softmax (fc2 = Sequential(Linear, Softmax)): the
+    official loss, CrossEntropyLoss, applies a second one. Same weights and numbering as femnist_cnn;
+    a method that calls the body and head itself (FedRoD, FedEM's components) sees their logits."""
+    plain = femnist_cnn(channels, height, width, num_classes)
+    return _SoftmaxOutput(plain.body, plain.head)
