@@ -58,9 +58,8 @@ class AgnosticFL(Method):
         return new
 
     def init_client(self, k: int, init_state) -> State:
-        state = super().init_client(k, init_state)
-        device = next(iter(init_state.values())).device
-        return {**state, LOSS: torch.full((), math.nan, dtype=torch.float32, device=device)}
+        nan = torch.full((), math.nan, dtype=torch.float32, device=next(iter(init_state.values())).device)
+        return {**super().init_client(k, init_state), LOSS: nan}
 
     def local_train(self, k: int, state: State, received: State) -> tuple[State, float]:
         _, count, total = self.ctx.evaluate(k, state, "train")
