@@ -83,11 +83,8 @@ DATASETS: Registry[_Source] = Registry("dataset")
 
 
 def _md5(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, lambda: hashlib.md5(usedforsecurity=False)).hexdigest()
 
 
 def _empty_like(x: np.ndarray) -> np.ndarray:
