@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
 from ..errors import UsageError
+from ..models.layers import recurrent_layer
 from .state import State
 from .train import Batch, ClientLoss, Diverged, Phase, Split, Trainer, train_loss
 
@@ -267,7 +268,7 @@ def _stack(batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 def batchable(model: torch.nn.Module, device: torch.device, mode: str | bool) -> bool:
     """Whether `fl.batch_clients` = mode ("auto", true or false) batches this model's clients on `device`."""
-    recurrent = next((n for n, m in model.named_modules() if isinstance(m, torch.nn.RNNBase)), None)
+    recurrent = recurrent_layer(model)
     if recurrent is not None:  # vmap has no batching rule for aten::lstm: such a model trains client by client
         if mode is True:
             raise UsageError(f"fl.batch_clients: true cannot batch this model's clients: torch.func.vmap has no rule "

@@ -39,6 +39,7 @@ from ..errors import UsageError
 from ..fl.state import State, WeightedSum, clone, select
 from ..fl.train import Batch, Optim, Phase, Split
 from ..models import resolve_layers
+from ..models.layers import recurrent_layer
 from ..registry import Registry
 
 class _Methods(Registry):
@@ -94,7 +95,7 @@ def at_least(key: str, value: float, low: float, note: str = "") -> None:
 def refuse_recurrent(method: "Method", model: torch.nn.Module) -> None:
     """A one-line UsageError when `model` has a recurrent layer (char_lstm's LSTMs) and `method`
     declares (`recurrent_refused`) why it cannot run on one; the simulator asks before prepare_model."""
-    layer = next((n for n, m in model.named_modules() if isinstance(m, torch.nn.RNNBase)), None)
+    layer = recurrent_layer(model)
     if layer is not None and method.recurrent_refused:
         raise UsageError(f"method {method.name} cannot run on a recurrent model (layer {layer} is an LSTM): "
                          f"{method.recurrent_refused}")

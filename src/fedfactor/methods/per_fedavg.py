@@ -18,6 +18,7 @@ from pydantic import Field, field_validator
 
 from ..fl.state import State
 from ..fl.train import Batch, derive_seed, make_optimizer, mean_loss
+from ..models.layers import recurrent_layer
 from .base import METHODS, Count, Method, Params, one_of, positive_or_none, variant
 
 ADAPTATION_STREAM = 2**31 + 4  # derive_seed tag of the adaptation batch's stream
@@ -41,7 +42,7 @@ class PerFedAvg(Method):
         super().bind(ctx)
         self.buffer_names = [key for key, _ in ctx.model.named_buffers()]
         # cuDNN's LSTM has no second derivative: the HF term runs a recurrent model on PyTorch's own kernels
-        self.recurrent = any(isinstance(m, torch.nn.RNNBase) for m in ctx.model.modules())
+        self.recurrent = recurrent_layer(ctx.model) is not None
 
     @property
     def alpha(self) -> float:

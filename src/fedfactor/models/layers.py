@@ -43,6 +43,12 @@ def _is_weight_layer(m: nn.Module) -> bool:
     return isinstance(m, (nn.Conv2d, nn.Linear, nn.LSTM, Reparameterized))
 
 
+def recurrent_layer(model: nn.Module) -> str | None:
+    """The name of the model's first recurrent layer (char_lstm's LSTMs), or None: such a model cannot
+    be batched by vmap, nor taken by the methods that declare `recurrent_refused`."""
+    return next((n for n, m in model.named_modules() if isinstance(m, nn.RNNBase)), None)
+
+
 def _lstm(layer: nn.Module, name: str) -> nn.LSTM | None:
     """The layer if it is an LSTM with units of its own (one layer, one direction), else None."""
     if not isinstance(layer, nn.LSTM):
