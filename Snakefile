@@ -56,6 +56,10 @@ else:
     include: "workflow/rules/report.smk"
     include: "workflow/rules/simulation.smk"  # `snakemake simulate`; not part of `all`
 
+    if TUNING:  # `snakemake tune`; not part of `all`
+
+        include: "workflow/rules/tune.smk"
+
     wildcard_constraints:
         scenario="|".join(map(re.escape, SCENARIOS)),
         method="|".join(map(re.escape, METHODS)),
@@ -91,14 +95,28 @@ else:
 
     quiet_terminal(logger, workflow)
 
+    def tuning_asked():
+        """`snakemake tune`: the plan, live table and closing lines are the final runs', not its."""
+        return TUNING and {"tune", "tune_select"} & set(workflow.dag_settings.targets or ())
+
     onstart:
-        write_plan(STUDY_DIR, [f"{s}/{m}/seed{seed}" for s in SCENARIOS for m in METHODS for seed in SEEDS],
-                   sys.argv, title=TITLE)
-        print(start_message(STUDY_DIR), flush=True)
+        if tuning_asked():
+            print(f"fedfactor: tuning {len(TUNE_PAIRS) * len(SCENARIOS) * len(TUNE_SEEDS)} runs ({len(METHODS)} "
+                  f"methods x {TUNING['points']} points x {len(SCENARIOS)} scenarios x {len(TUNE_SEEDS)} seed(s)) on "
+                  f"validation; one line per finished run below; the chosen values go to {TUNING['file']}", flush=True)
+        else:
+            write_plan(STUDY_DIR, [f"{s}/{m}/seed{seed}" for s in SCENARIOS for m in METHODS for seed in SEEDS],
+                       sys.argv, title=TITLE)
+            print(start_message(STUDY_DIR), flush=True)
 
     onsuccess:
-        print(finished_message(STUDY_DIR, rules.table.output.md), flush=True)
+        if tuning_asked():
+            print(f"fedfactor: tuned; the chosen values and every point's validation score are in {TUNING['file']} "
+                  "(commit it); `snakemake --cores all` then runs the study with them", flush=True)
+        else:
+            print(finished_message(STUDY_DIR, rules.table.output.md), flush=True)
 
     onerror:
         # registered now, printed at exit: after Snakemake's own closing lines
-        atexit.register(print, stopped_message(STUDY_DIR), file=sys.stderr, flush=True)
+        atexit.register(print, "fedfactor: tuning stopped; the finished tuning runs are kept: run the same command "
+                        "to go on" if tuning_asked() else stopped_message(STUDY_DIR), file=sys.stderr, flush=True)

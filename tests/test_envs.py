@@ -30,10 +30,12 @@ def test_conda_env_has_pyprojects_dependencies_with_the_same_bounds():
 
 
 def test_every_rule_that_runs_fedfactor_runs_in_the_conda_env():
+    # the training jobs' command, which the train and tune_train rules' shells start with
+    train = re.search(r"\nTRAIN_COMMAND = \(\n((?:    .*\n)+)\)", (REPO / "workflow/rules/train.smk").read_text())[1]
     for smk in (REPO / "workflow" / "rules").glob("*.smk"):
         text = smk.read_text()
         # a rule's shell: its indented string lines, up to the next blank line
-        shells = re.findall(r"\n    shell:\n((?:        .*\n?)+)", text)
+        shells = [s.replace("TRAIN_COMMAND", train) for s in re.findall(r"\n    shell:\n((?:        .*\n?)+)", text)]
         assert all(re.search(r"(^|[\"; ]|\} )fedfactor ", s) for s in shells), smk.name
         assert len(shells) == len(re.findall(r"    conda:\n        CONDA_ENV\n(?:    #.*\n)*    shell:", text)), smk.name
 

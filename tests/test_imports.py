@@ -19,7 +19,7 @@ PACKAGE = "fedfactor"
 # in one layer do not import each other. `fedfactor` is the package's __init__ (its __version__).
 LAYERS = [
     {"fedfactor", "errors"},
-    {"registry", "io", "devices"},
+    {"registry", "io", "devices", "environment"},
     {"config"},
     {"data", "nn", "analysis"},  # analysis/: mathematics on weights, no knowledge of models or runs
     {"models"},
@@ -27,7 +27,7 @@ LAYERS = [
     {"methods"},
     {"simulator", "tracking"},  # the round loop sits above the methods it runs
     {"job"},
-    {"report", "workflow"},
+    {"report", "workflow", "tuning"},
     {"progress"},
     {"cli"},
     {"__main__"},

@@ -18,12 +18,14 @@ import pytest
 import torch
 
 from fedfactor.config import load_config
+from fedfactor.data import load_dataset
+from fedfactor.environment import versions
 from fedfactor.errors import Interrupted, RunFailed, UsageError
 from fedfactor.fl.batched import BatchedTrainer
 from fedfactor.simulator import Simulator
 from fedfactor.fl.train import Diverged, Trainer
 from fedfactor.io import check_output
-from fedfactor.job import CHECKPOINT, finished_summary, train, train_runs
+from fedfactor.job import CHECKPOINT, chance_accuracy, finished_summary, run_log, train, train_runs
 from fedfactor.methods import METHODS
 from fedfactor.methods.base import Method
 from fedfactor.models.layers import effective_weight
@@ -476,6 +478,55 @@ def test_a_methods_run_warnings_reach_the_log_the_summary_and_mlflow(tmp_path, m
     _, runs = _mlflow_runs(uri)
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert runs[0].data.tags["fedfactor.warnings"] == line and runs[0].data.metrics["final_warnings"] == 1
+
+
+@pytest.fixture(scope="module")
+def at_chance(tmp_path_factory):
+    """A tracked run that cannot learn (fl.lr=1e-9): (its summary.json, its log's text, its MLflow run)."""
+    tmp = tmp_path_factory.mktemp("chance")
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    with run_log(tmp / "run.log"):
+        train(load_config(None, [*TINY, "fl.lr=1e-9", "tracking.enabled=true", f"tracking.uri={uri}"]), tmp / "run")
+    _, runs = _mlflow_runs(uri)
+    (run,) = runs
+    return json.loads((tmp / "run" / "summary.json").read_text()), (tmp / "run.log").read_text(), run
+
+
+def test_a_run_at_chance_warns_in_the_log_the_summary_and_mlflow_and_a_trained_one_does_not(tmp_path, at_chance):
+    summary, log_text, run = at_chance
+    line = (f"accuracy {100 * summary['accuracy']:.1f} % is at or below chance (majority-class baseline "
+            f"{100 * summary['chance_accuracy']:.1f} %, margin 2 pp): the run learned nothing; check fl.lr and the "
+            "method's settings")
+    assert summary["warnings"] == [line] and line in log_text
+    assert run.data.tags["fedfactor.warnings"] == line and run.data.metrics["final_warnings"] == 1
+    # The same clients and test splits trained at the usual lr: the same chance, well beaten.
+    trained = train(load_config(None, TINY), tmp_path / "trained")
+    assert trained["chance_accuracy"] == summary["chance_accuracy"]
+    assert trained["accuracy"] > trained["chance_accuracy"] + 0.3 and trained["warnings"] == []
+
+
+def test_chance_is_the_majority_share_of_the_test_split_each_client_is_scored_on():
+    # Under eval.test_pool=shared a client is scored on the pooled test split inside its task, two
+    # digits here: chance is near a half, where the whole pool's majority class is near a tenth.
+    # Exact, since the clients' own test splits (eval.test_pool=client) come close: 0.58973 against
+    # this pool's 0.58956.
+    cfg = load_config(None, [*TINY, "partition.kind=class_groups", "partition.groups=[[0, 4], [2, 3]]",
+                             "partition.clients_per_group=2", "eval.test_pool=shared"])
+    sim = Simulator(cfg)
+    y = load_dataset(cfg.data.name, cfg.data.root).y.numpy()[sim.partition.pools["test"]]
+    shares = []
+    for k in sim.members:
+        scored = np.bincount(y[np.isin(y, np.flatnonzero(sim.partition.label_maps[k] >= 0))])
+        shares.append(scored.max() / scored.sum())
+    assert chance_accuracy(sim) == pytest.approx(np.mean(shares), abs=1e-9) and 0.45 < chance_accuracy(sim) < 0.7
+
+
+def test_a_run_records_the_software_and_machine_in_its_summary_and_mlflow(at_chance):
+    summary, _, run = at_chance
+    assert summary["versions"] == versions(torch.device("cpu"))  # this process: the machine and threads it ran on
+    tags = {k.removeprefix("fedfactor.version."): v for k, v in run.data.tags.items()
+            if k.startswith("fedfactor.version.")}
+    assert tags == {k: str(v) for k, v in summary["versions"].items()}
 
 
 def test_a_round_that_kept_no_update_fails_the_run(tmp_path, monkeypatch):

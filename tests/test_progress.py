@@ -81,8 +81,8 @@ def test_live_table_holds_the_finished_runs_in_the_studys_order_and_says_what_is
     assert md.startswith("# Digits (live)")
     assert "2 of 5 runs finished; missing: 3 runs (1 checkpointed)" in md
     rows = [line for line in md.splitlines() if line.startswith("| ")]
-    # local before fedavg (the plan's order, though fedavg finished first); mean +- std (seeds)
-    assert rows[1:] == ["| local | 40.00 +- 0.00 (1) | 2.0000 |", "| fedavg | 50.00 +- 0.00 (1) | 2.0000 |"]
+    # local before fedavg (the plan's order, though fedavg finished first); one seed: no spread, no interval
+    assert rows[1:] == ["| local | 40.00 (n=1, no interval) | 2.0000 |", "| fedavg | 50.00 (n=1, no interval) | 2.0000 |"]
     assert "No run finished yet: fedfac." in md
 
 
@@ -92,7 +92,7 @@ def test_live_table_before_any_run_and_once_complete(tmp_path):
     assert "0 of 1 runs finished; missing: 1 runs (0 checkpointed)" in live_table(study)
     _finished(study, "a/local/seed0", 0.25, mtime=STARTED)
     md = live_table(study)
-    assert "1 of 1 runs finished; complete" in md and "| local | 25.00 +- 0.00 (1) |" in md
+    assert "1 of 1 runs finished; complete" in md and "| local | 25.00 (n=1, no interval) |" in md
 
 
 @pytest.mark.slow
@@ -117,7 +117,7 @@ def test_concurrent_jobs_leave_one_complete_table_of_every_finished_run(study):
     for t in threads:
         t.join()
     md = (study / LIVE).read_text()
-    assert "3 of 5 runs finished" in md and "| fedfac | 70.00 +- 0.00 (1) |" in md
+    assert "3 of 5 runs finished" in md and "| fedfac | 70.00 (n=1, no interval) |" in md
     assert not [p for p in study.iterdir() if p.name.endswith(".tmp")]
 
 

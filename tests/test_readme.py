@@ -39,12 +39,27 @@ def test_the_default_study_table_has_every_method_and_scenario_of_config_yaml():
     # must show here too
     study = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     section = README.split("## What the default study produces", 1)[1].split("\n## ", 1)[0]
-    rows = [line.strip("|").split("|") for line in section.splitlines() if line.startswith("|")]
-    header, _, *body = rows
-    assert [h.strip() for h in header] == ["method", *study["scenarios"], "cost [GB]"]
-    assert [r[0].strip() for r in body] == list(study["methods"])
-    for row in body:  # mean +- std over the seeds in every scenario column
-        assert all(re.fullmatch(r" \d+\.\d\d \+- \d+\.\d\d ", cell) for cell in row[1:-1]), row
+    # two tables: the tuned study, then the untuned one (config/variants/untuned.yaml)
+    tables = [t for t in re.split(r"\n\s*\n", section) if t.startswith("|")]
+    assert len(tables) == 2
+    headers = []
+    for table in tables:
+        header, _, *body = [line.strip("|").split("|") for line in table.splitlines()]
+        headers.append(columns := [h.strip() for h in header])
+        assert columns[: len(study["scenarios"]) + 2] == ["method", *study["scenarios"], "cost [GB]"]
+        assert [r[0].strip() for r in body] == list(study["methods"])
+        for row in body:  # mean +- std [95 % interval] (n = the study's seeds) in every scenario column
+            cells = row[1 : len(study["scenarios"]) + 1]
+            assert all(re.fullmatch(rf" \d+\.\d\d \+- \d+\.\d\d \[\d+\.\d, \d+\.\d\] \(n={len(study['seeds'])}\) ", c)
+                       for c in cells), row
+    # the tuned table names the values chosen on validation; the untuned one has none
+    assert headers[0][-1].startswith("chosen on validation") and headers[1][-1] == "cost [GB]"
+
+
+def test_the_readme_numbers_name_their_versions():
+    section = README.split("## What the default study produces", 1)[1].split("\n## ", 1)[0]
+    assert re.search(r"Python \d+\.\d+\.\d+, torch \d+\.\d+\.\d+\S*, numpy \d+\.\d+\.\d+", section)
+    assert "constraints.txt" in section
 
 
 def test_the_readme_shows_the_default_study_figures():

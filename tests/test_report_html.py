@@ -161,7 +161,7 @@ def test_report_shows_every_result_in_place_with_its_caption(report, built):
     assert "fedavg" in shown["table.html"] and "local" in shown["table.html"], shown["table.html"][:500]
     assert "95.0" in shown["paper.html"] and "FedAvg" in shown["paper.html"], shown["paper.html"][:500]
     assert "FedAvg beats Local with IID clients" in shown["claims.html"], shown["claims.html"][:500]
-    assert re.search(r"not reproduced|reproduced", shown["claims.html"]), shown["claims.html"][:500]
+    assert re.search(r"not reproduced|reproduced|within noise", shown["claims.html"]), shown["claims.html"][:500]
     # about 10 s on 2 busy cores; far more means some step only passed on its wait's timeout
     assert report.seconds < 60, f"reading the report took {report.seconds:.1f} s"
 

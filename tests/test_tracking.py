@@ -20,7 +20,7 @@ from fedfactor import tracking
 from fedfactor.config import TrackingConfig
 from fedfactor.errors import UsageError
 from fedfactor.io import exclusive_lock
-from fedfactor.tracking import Tracker, import_runs, init_store
+from fedfactor.tracking import Tracker, import_runs, init_store, run_identity
 
 from .conftest import write_content
 
@@ -232,6 +232,12 @@ def test_one_run_directory_is_one_mlflow_run(tmp_path):
     assert run.data.params["seed"] == "3" and len(run.data.params["long"]) == 6000
 
 
+# a summary's "versions": the machine a run trained on, which is not the one that imports it
+VERSIONS = {"torch": "2.0.0", "cpu": "Some CPU @ 1 GHz", "torch_threads": 4}
+VERSION_TAGS = {"fedfactor.version.torch": "2.0.0", "fedfactor.version.cpu": "Some CPU @ 1 GHz",
+                "fedfactor.version.torch_threads": "4"}
+
+
 def _make_run_dir(path, rounds=3, method="fedavg", seed=0):
     from fedfactor.config import load_config
 
@@ -243,11 +249,42 @@ def _make_run_dir(path, rounds=3, method="fedavg", seed=0):
     summary = {"scenario": "imp", "method": method, "seed": seed, "dataset": cfg.data.name,
                "accuracy": 0.3, "accuracy_mean": 0.3, "accuracy_std": 0.01, "accuracy_weighted": 0.31,
                "accuracy_best_mean": 0.3, "accuracy_best_weighted": 0.31, "accuracy_at_best_val": None,
-               "bytes_up": rounds * 100, "bytes_down": 50, "wall_seconds": 1.5}
+               "bytes_up": rounds * 100, "bytes_down": 50, "wall_seconds": 1.5, "versions": VERSIONS}
     (path / "summary.json").write_text(json.dumps(summary))
     (path / "diagnostics" / "x").mkdir(parents=True)
     (path / "diagnostics" / "x" / "round_0001.npy").write_bytes(b"not really npy")
     return path
+
+
+def test_versions_are_tags_named_fedfactor_version_and_a_damaged_summarys_are_left_out(tmp_path):
+    from fedfactor.config import load_config
+
+    cfg = load_config(None, ["tracking.enabled=false"])
+    _, tags, _ = run_identity(cfg, tmp_path, {**VERSIONS, "bad name!": "x", "": "y"})
+    assert {k: v for k, v in tags.items() if k.startswith("fedfactor.version.")} == VERSION_TAGS
+    for junk in (None, "2.0.0", ["torch"]):  # an older summary has none; a damaged one anything
+        _, tags, _ = run_identity(cfg, tmp_path, junk)
+        assert not any(k.startswith("fedfactor.version.") for k in tags)
+
+
+@pytest.mark.slow
+def test_a_run_resumed_on_another_machine_takes_its_version_tags(tmp_path, caplog):
+    # MLflow params cannot change; tags can: the versions of the machine that finishes the run win.
+    from fedfactor.config import load_config
+
+    cfg = load_config(None, ["tracking.enabled=true", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+                             "tracking.experiment=moved"])
+    caplog.set_level(logging.WARNING, logger="fedfactor")
+    first = Tracker(cfg.tracking, tmp_path / "run", *run_identity(cfg, tmp_path / "run", VERSIONS))
+    first.end("KILLED")
+    moved = {**VERSIONS, "torch": "2.14.1", "gpu": "NVIDIA H200"}
+    second = Tracker(cfg.tracking, tmp_path / "run", *run_identity(cfg, tmp_path / "run", moved))
+    assert second.active and second.run_id == first.run_id and not _warnings(caplog)
+    second.finish({"accuracy": 0.5}, [])
+    (run,) = _runs(cfg.tracking.uri, "moved")
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["fedfactor.version.torch"] == "2.14.1"
+    assert run.data.tags["fedfactor.version.gpu"] == "NVIDIA H200"
 
 
 def _warnings(caplog):
@@ -299,6 +336,7 @@ def test_unreachable_store_warns_once_then_import_loads_the_files(tmp_path, monk
     assert run.info.status == "FINISHED" and run.info.run_name == "imp/fedavg/seed0"
     assert {k: run.data.tags[k] for k in ("method", "scenario", "seed", "out")} == \
         {"method": "fedavg", "scenario": "imp", "seed": "0", "out": str(run_dir.resolve())}
+    assert {k: v for k, v in run.data.tags.items() if k.startswith("fedfactor.version.")} == VERSION_TAGS
     # params describe the result: where it is mirrored and checkpointed is no param
     assert run.data.params["fl.rounds"] == "50" and not any(k.startswith(("tracking.", "checkpoint.")) for k in run.data.params)
     assert _steps(uri, run.info.run_id) == [1, 2, 3]

@@ -11,6 +11,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from fedfactor import tuning
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 
@@ -28,16 +30,20 @@ def test_default_study_dry_run(tmp_path):
     r = _snakemake("-n", "-p", "--config", f"results={tmp_path}/results")
     assert r.returncode == 0, r.stderr + r.stdout
     jobs = _job_counts(r.stdout)
-    # 3 scenarios x 8 methods x 2 seeds = 48 runs, 4 a job; one partition per scenario and seed; one dataset
-    assert jobs["train"] == 12 and jobs["partition"] == 6 and jobs["prepare_data"] == 1
+    # 2 scenarios x 8 methods x 5 seeds = 80 runs, 4 a job; one partition per scenario and seed; one dataset;
+    # no tuning (its own target)
+    assert jobs["train"] == 20 and jobs["partition"] == 10 and jobs["prepare_data"] == 1
+    assert not {"tune_train", "tune_select", "mlflow_init_tuning"} & set(jobs)
     assert jobs["table"] == 1 and jobs["figures"] == 1 and jobs["mlflow_init"] == 1 and jobs["diagnose"] == 1
     assert jobs["study_spec"] == 1 and "paper_tables" not in jobs and "claims" not in jobs  # no paper behind it
 
     # The DAG build checks each run config as its train job will load it: study.smk's train_sets gives
     # the `--set`s of the train rule's command in its order. A change to one needs the other.
     study = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    chosen = tuning.read_chosen({**study["tuning"], "file": REPO / study["tuning"]["file"]}, list(study["scenarios"]),
+                                list(study["methods"]))
     commands = re.findall(r"^Shell command: .*fedfactor train-runs .*$", r.stdout, re.M)
-    assert len(commands) == 12
+    assert len(commands) == 20
     for command in commands:
         argv = shlex.split(command)
         sets = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--set"]
@@ -47,7 +53,21 @@ def test_default_study_dry_run(tmp_path):
             "seed", "partition.file", "tracking.uri", "tracking.experiment_id"], command
         for run in json.loads(argv[argv.index("--runs") + 1]):
             method = run["out"].split("/")[-2]
-            assert run["set"] == method_sets(study["methods"][method], method)
+            # every run at the values chosen on validation for its scenario
+            entry = tuning.with_values(study["methods"][method], chosen[scenario][method])
+            assert run["set"] == method_sets(entry, method) and chosen[scenario][method]
+
+
+@pytest.mark.slow
+def test_default_study_tuning_dry_run(tmp_path):
+    """`snakemake tune`: every method's grid on the tuning seed, one selection into tuning.file."""
+    r = _snakemake("-n", "tune", "--config", f"results={tmp_path}/results")
+    assert r.returncode == 0, r.stderr + r.stdout
+    jobs = _job_counts(r.stdout)
+    # 2 scenarios x 8 methods x 6 points x 1 seed = 96 runs, 4 a job
+    assert jobs["tune_train"] == 24 and jobs["tune_select"] == 1 and jobs["mlflow_init_tuning"] == 1
+    assert "train" not in jobs and "table" not in jobs
+    assert "config/tuned/default.yaml" in r.stdout
 
 
 # One line naming the study file, the run and the key, before any job: a fedprox hyperparameter out of

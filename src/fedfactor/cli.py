@@ -101,19 +101,40 @@ def cmd_train_runs(args) -> None:
             _progress(out, args.study, seconds)  # the terminal's line and live.md
         else:
             summary = json.loads((out / "summary.json").read_text())
+            val = summary.get("val_score")
             print(f"{summary['scenario']}/{summary['method']}/seed{summary['seed']}: accuracy "
-                  f"{summary['accuracy']:.4f} in {seconds:.1f} s -> {out}", flush=True)
+                  f"{summary['accuracy']:.4f}" + ("" if val is None else f", validation {val:.4f}")
+                  + f" in {seconds:.1f} s -> {out}", flush=True)
 
     failures = train_runs(runs, finished, since=started)
     if args.study:
         _live_figure(args.study)
-    if failures:
+    if failures and not args.allow_failed:
         raise RunFailed(f"{len(failures)} of {len(runs)} runs failed (each run's log has the details):\n  "
                         + "\n  ".join(failures))
+    for line in failures:  # --allow-failed: the failures are results (a tuning point that diverged)
+        print(f"failed: {line}", file=sys.stderr, flush=True)
     if args.done:
         from .io import atomic_write_json
 
-        atomic_write_json(args.done, {"runs": [str(out) for _, out, _ in runs]})
+        atomic_write_json(args.done, {"runs": [str(out) for _, out, _ in runs], "failed": failures})
+
+
+def cmd_tune_select(args) -> None:
+    from . import tuning
+
+    try:
+        spec = json.loads(args.study)
+    except ValueError as e:
+        raise UsageError(f"--study is not JSON ({e})") from None
+    doc = tuning.select(spec["tuning"], spec["scenarios"], spec["methods"], Path(args.runs),
+                        tuning.provenance(spec["study"], spec["command"], spec["rounds"]))
+    tuning.write(doc, args.out)
+    for scenario, chosen in doc["chosen"].items():
+        for label, c in chosen.items():
+            values = ", ".join(f"{k}={v}" for k, v in c["values"].items())
+            print(f"{scenario}/{label}: {values} (validation {100 * c['val_score']:.2f} %)", flush=True)
+    print(f"chosen values -> {args.out}", flush=True)
 
 
 def _run_list(text: str) -> list[dict]:
@@ -389,8 +410,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "(exit 1 at the end, naming it)")
     p.add_argument("--study", metavar="DIR", help="the study folder: a progress line per finished run and live.md")
     p.add_argument("--done", metavar="FILE", help="written (the runs, as JSON) once every run has finished")
+    p.add_argument("--allow-failed", action="store_true",
+                   help="a failed run is a result, not an error: listed in --done and on stderr, exit 0 (tuning: a "
+                        "diverged grid point)")
     _add_device_args(p)
     p.set_defaults(func=cmd_train_runs)
+
+    p = sub.add_parser("tune-select", help="choose each method's hyperparameters on the tuning runs' validation "
+                                           "scores; write the chosen values with their provenance (docs/tuning.md)")
+    p.add_argument("--study", required=True, metavar="JSON",
+                   help='{"study", "tuning", "scenarios", "methods", "rounds", "command"} as the workflow passes it')
+    p.add_argument("--runs", required=True, metavar="DIR", help="the tuning runs: DIR/SCENARIO/METHOD/pI/seedS")
+    p.add_argument("--out", required=True, help="the file of chosen values (the study's tuning.file)")
+    p.set_defaults(func=cmd_tune_select)
 
     p = sub.add_parser("cost", help="measured communication bytes of a config, from shapes alone (no training)")
     _add_config_args(p)

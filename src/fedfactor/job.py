@@ -16,7 +16,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import platform
 import shutil
 import signal
 import sys
@@ -30,8 +29,8 @@ import pandas as pd
 import torch
 import yaml
 
-from . import __version__
 from .config import Config, flatten
+from .environment import versions
 from .errors import Interrupted, RunFailed, UsageError
 from .simulator import ACCURACY_FIELDS, RoundRecord, Simulator, summarize
 from .models.layers import effective_weight, layer_entries
@@ -46,6 +45,9 @@ CHECKPOINT = "checkpoint.pt"
 WEIGHTS = "client_weights.npz"  # final client weights of the analysed layers (fedfactor diagnose)
 FINGERPRINT = "fingerprint.json"  # the result-determining config of the run this folder holds
 CHECKPOINT_VERSION = 1
+# How far a run's reported accuracy must rise above the majority-class baseline to count as
+# learning: an untrained model lands near it, give or take a few of each client's test samples.
+CHANCE_MARGIN = 0.02
 
 
 def fingerprint(cfg: Config) -> dict[str, Any]:
@@ -127,6 +129,23 @@ def save_client_weights(cfg: Config, sim: Simulator, path: Path) -> tuple[dict[i
     with atomic_open(path) as f:
         np.savez(f, **arrays)
     return layers, clients
+
+
+def chance_accuracy(sim: Simulator) -> float:
+    """The accuracy a model that always answers its client's most frequent class would report: each
+    scored client's share of that class in the test split it is scored on (its own labels; under
+    eval.test_pool=shared the pooled split inside its task), averaged over clients as `accuracy` is."""
+    tests = [sim.clients[k]["test"] for k in sim.members]
+    shares = [torch.bincount(split.y).max().item() / len(split) for split in tests]
+    return float(np.mean(shares))
+
+
+def chance_warning(accuracy: float, chance: float) -> str | None:
+    """The warning line for a run whose reported accuracy does not beat chance by CHANCE_MARGIN, or None."""
+    if accuracy > chance + CHANCE_MARGIN:
+        return None
+    return (f"accuracy {100 * accuracy:.1f} % is at or below chance (majority-class baseline {100 * chance:.1f} %, "
+            f"margin {100 * CHANCE_MARGIN:g} pp): the run learned nothing; check fl.lr and the method's settings")
 
 
 def train(cfg: Config, out: Path) -> dict[str, Any]:
@@ -245,7 +264,8 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
         (out / "metrics.csv").unlink(missing_ok=True)
     atomic_write_json(out / FINGERPRINT, fp)
     atomic_write_text(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    params, tags, run_name = run_identity(cfg, out)
+    environment = versions(sim.device)
+    params, tags, run_name = run_identity(cfg, out, environment)
     tracker = Tracker(cfg.tracking, out, params, tags, run_name)
     rows = [r.metrics() for r in sim.records]
     if rows:  # rounds after the checkpoint that a killed job had written are recomputed
@@ -294,13 +314,18 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
             for name, sc in scored.items()}}
     analysed, analysed_clients = save_client_weights(cfg, sim, out / WEIGHTS)
     # How the run degenerated, if it did: the method's account from its logged scalars, and the
-    # loop's own, the diverged updates it dropped (a round that dropped every one has stopped the run).
+    # loop's own, the diverged updates it dropped (a round that dropped every one has stopped the run)
+    # and a reported accuracy no better than always answering the majority class.
+    scores = summarize(sim.records, cfg.eval.report)
+    chance = chance_accuracy(sim)
     warnings = list(sim.method.run_warnings([r.diagnostics for r in sim.records]))
     dropped = [(r.round, k) for r in sim.records for k in r.skipped]
     if dropped:
         shown = ", ".join(f"round {r} client {k}" for r, k in dropped[:10]) + (", ..." if len(dropped) > 10 else "")
         warnings.append(f"{len(dropped)} client update(s) diverged and were dropped (fl.on_divergence=skip; the "
                         f"client kept its last state): {shown}; see skipped_updates, lower fl.lr")
+    if (at_chance := chance_warning(scores["accuracy"], chance)) is not None:
+        warnings.append(at_chance)
     for line in warnings:
         log.warning("%s: %s", run_name, line)
     summary = {
@@ -316,7 +341,8 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
         "num_classes": sim.partition.num_classes,
         "head_local": sim.head_local,
         "protocol": cfg.eval.model_dump(),
-        **summarize(sim.records, cfg.eval.report),
+        **scores,
+        "chance_accuracy": chance,
         "warnings": warnings,
         "accuracy_fields": ACCURACY_FIELDS,
         "bytes_up": sim.meter.up,
@@ -332,7 +358,7 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
         "device": str(sim.device),
         # whether local training ran clients batched (fl.batch_clients): equal within float rounding
         "batched_clients": sim.batched is not None,
-        "versions": {"fedfactor": __version__, "torch": torch.__version__, "python": platform.python_version()},
+        "versions": environment,
         "config": cfg.to_dict(),
     }
     # summary.json is the job's completion marker: written last, atomically.

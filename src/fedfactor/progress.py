@@ -116,7 +116,7 @@ def live_table(study_dir: str | Path, now: float | None = None) -> str:
         missing = len(plan["runs"]) - len(done)
         status = (f"Live table, {stamp}: {len(done)} of {len(plan['runs'])} runs finished"
                   + (f"; missing: {missing} runs ({len(checkpointed)} checkpointed)" if missing else "; complete")
-                  + ". Seeds per cell in brackets; - = no run of that cell finished yet.")
+                  + ". n = seeds per cell; - = no run of that cell finished yet.")
         if done:
             agg = aggregate(collect([study_dir / "runs" / r / "summary.json" for r in done]))
             # columns and rows in the study's order, not in the order the runs finished

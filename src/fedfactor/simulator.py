@@ -650,6 +650,8 @@ ACCURACY_FIELDS = {
     "accuracy_at_best_val": "accuracy_mean at the round with the highest mean validation accuracy "
                             "(round: best_val_round); null without validation data",
     "accuracy": "the number eval.report picks (round: accuracy_round); tables show this one",
+    "val_score": "validation accuracy_mean at the round eval.report's rule picks on validation alone (last: the "
+                 "last round; best, best_weighted, best_val: the round best on validation); tuning selects on it",
 }
 
 
@@ -673,6 +675,9 @@ def summarize(records: list[RoundRecord], report: str) -> dict[str, Any]:
         "accuracy_at_best_val": best_val.test.mean if best_val else None,
         "best_val_round": best_val.round if best_val else None,
         "val_accuracy_best": best_val.val.mean if best_val else None,
+        # what tuning selects on: the reported round's rule applied to validation numbers alone
+        "val_score": (last.val.mean if last.val else None) if report == "last" else
+                     (best_val.val.mean if best_val else None),
         "skipped_updates": [[r.round, k] for r in records for k in r.skipped],
     }
     picked = {"last": ("accuracy_mean", last), "best": ("accuracy_best_mean", best),

@@ -42,6 +42,7 @@ import logging
 import math
 import os
 import random
+import re
 import socket
 import sqlite3
 import time
@@ -78,6 +79,7 @@ _HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_B
 
 STATE_FILE = "mlflow.json"
 RUN_KEY_TAG = "fedfactor.run_key"
+VERSION_TAG = "fedfactor.version"  # + "." + a name of the summary's "versions": fedfactor.version.torch
 STEP_METRIC = "bytes_up"  # logged by every round: its steps are the steps a run already holds
 FINAL_KEYS = ("accuracy", "accuracy_mean", "accuracy_std", "accuracy_weighted", "accuracy_best_mean",
               "accuracy_best_weighted", "accuracy_at_best_val", "bytes_up", "bytes_down", "wall_seconds")
@@ -375,12 +377,23 @@ def _run_key(run_dir: Path) -> dict:
     return state
 
 
-def run_identity(cfg, run_dir: Path) -> tuple[dict[str, Any], dict[str, str], str]:
+def _version_tags(versions: Any) -> dict[str, str]:
+    """`fedfactor.version.<name>` tags of a summary's "versions". Tags, not params: a run resumed on
+    another machine continues its MLflow run, and params cannot change. An imported summary is
+    whatever the file holds: only names MLflow takes are kept, and nothing from what is no mapping."""
+    if not isinstance(versions, dict):
+        return {}
+    return {f"{VERSION_TAG}.{k}": _param_value(v) for k, v in versions.items()
+            if isinstance(k, str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", k)}
+
+
+def run_identity(cfg, run_dir: Path, versions: Any = None) -> tuple[dict[str, Any], dict[str, str], str]:
     """(params, tags, run_name) of the MLflow run mirroring `run_dir`, trained with config `cfg`
-    (a fedfactor.config.Config). The training job and `mlflow-import` both use this."""
+    (a fedfactor.config.Config) on the software and machine `versions` describes (the summary's
+    "versions"). The training job and `mlflow-import` both use this."""
     name = cfg.label or cfg.method["name"]
     tags = {"method": name, "method_name": cfg.method["name"], "dataset": cfg.data.name, "scenario": cfg.scenario,
-            "seed": str(cfg.seed), "out": str(Path(run_dir).resolve())}
+            "seed": str(cfg.seed), "out": str(Path(run_dir).resolve()), **_version_tags(versions)}
     # Params describe the result; where it is mirrored and checkpointed is not part of it.
     from .config import flatten
 
@@ -783,8 +796,9 @@ def import_runs(paths: list[Path], uri: str, experiment: str) -> list[tuple[Path
                              f"of the other): delete the copy's {STATE_FILE} to import it as a run of its own")
     results = []
     for run_dir, cfg, summary, metrics, _ in runs:
-        # params from the config as trained, so they match what the training job logged
-        params, tags, run_name = run_identity(cfg, run_dir)
+        # params from the config as trained and version tags from the summary (the machine it trained on,
+        # not this one), so they match what the training job logged
+        params, tags, run_name = run_identity(cfg, run_dir, summary.get("versions"))
         target = cfg.tracking.model_copy(update={"enabled": True, "uri": uri, "experiment": experiment,
                                                  "experiment_id": None})
         tracker = _Importer(target, run_dir, params, tags, run_name)

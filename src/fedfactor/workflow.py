@@ -105,7 +105,7 @@ def selected(config: dict[str, Any], key: str) -> list[str]:
 # Study keys that change what runs compute or which runs exist. A config file given after the study's
 # own that sets one of them makes a variant of the study; `results`, `data_root`, `mlflow`,
 # `threads_per_job`, `runs_per_job` and `gpus_per_job` only say where and how.
-VARIANT_KEYS = ("run_config", "scenarios", "methods", "seeds", "overrides", "select", "smoke")
+VARIANT_KEYS = ("run_config", "scenarios", "methods", "seeds", "overrides", "select", "smoke", "tuning")
 
 
 def study_folder(config: dict[str, Any], configfiles: list) -> str:
@@ -157,7 +157,15 @@ def study_spec(config: dict[str, Any], scenarios: list[str], methods: dict[str, 
         "paper": config.get("paper"),
         "claims": config.get("claims") or [],
         "text_variants": config.get("text_variants") or {},
+        # where the final runs' hyperparameters were chosen on validation data, if they were
+        "tuned": tuning_file(config),
     }
+
+
+def tuning_file(config: dict[str, Any]) -> str | None:
+    """The file of chosen values the study's final runs read, or None for an untuned study."""
+    tuning = config.get("tuning") or {}
+    return tuning["file"] if tuning and tuning.get("use", True) else None
 
 
 # ------------------------------------------------------------------------ checks at DAG build

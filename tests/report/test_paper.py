@@ -82,9 +82,10 @@ def test_cells_hold_ours_the_papers_and_the_difference(numbers, tmp_path):
     frame = paper_tables(_study(numbers, [TOY_TABLE]), [tmp_path / "runs"], out)
     cells = _cells(frame)
     a1 = cells[("PA", "S1")]
-    # 50, 60, 70: mean 60, population std sqrt(200/3) = 8.165; the paper 55.5 +- 1.0; diff +4.5
+    # 50, 60, 70: mean 60, sample std 10, 95 % interval 60 -+ 4.3027 * 10 / sqrt(3); the paper 55.5 +- 1.0; diff +4.5
     assert (a1.seeds, a1.ours_mean, a1.paper_value, a1.paper_std) == (3, 60.0, 55.5, 1.0)
-    assert a1.ours_std == pytest.approx(8.1650, abs=1e-4) and a1.diff == pytest.approx(4.5)
+    assert a1.ours_std == pytest.approx(10.0) and a1.diff == pytest.approx(4.5)
+    assert (a1.ours_ci_low, a1.ours_ci_high) == pytest.approx((35.1586, 84.8414), abs=1e-4)
     assert a1.our_method == "a" and a1.our_scenario == "s1" and a1.ours_status == "ok"
     a2 = cells[("PA", "S2")]
     assert a2.seeds == 2 and a2.ours_mean == pytest.approx(45.0) and a2.diff == pytest.approx(4.75)
@@ -99,12 +100,13 @@ def test_cells_hold_ours_the_papers_and_the_difference(numbers, tmp_path):
     md = (out / "paper.md").read_text()
     accuracy = md.split("— communication [GB]")[0]
     rows = {line.split("|")[1].strip(): line for line in accuracy.splitlines() if line.startswith("| P")}
-    assert "ours 60.00 +- 8.16 (n=3); paper 55.50 +- 1.00; diff +4.50" in rows["PA — ours: a"]
-    assert "ours 45.00 +- 5.00 (n=2 of 3); paper 40.25 [1]; diff +4.75" in rows["PA — ours: a"]
+    assert "ours 60.00 +- 10.00 [35.16, 84.84] (n=3); paper 55.50 +- 1.00; diff +4.50" in rows["PA — ours: a"]
+    # 40, 50: 45 -+ 12.706 (one degree of freedom) * 7.07 / sqrt(2)
+    assert "ours 45.00 +- 7.07 [-18.53, 108.53] (n=2 of 3); paper 40.25 [1]; diff +4.75" in rows["PA — ours: a"]
     assert "ours: not implemented yet; paper: lost in extraction [2]" in rows["PC — ours: c"]
     assert rows["PD"].count("ours: not run") == 2  # a paper row none of ours maps to
     assert "[1] std cut at the page edge" in md and "[2] mean lost in extraction; std 1.5 visible" in md
-    assert "ours 2.00 +- 0.00 (n=3); paper 1.50; diff +0.50" in md  # GB
+    assert "ours 2.00 +- 0.00 [2.00, 2.00] (n=3); paper 1.50; diff +0.50" in md  # GB, the same in every seed
     assert "paper: not printed" in md
     # every table names its source and our protocol; rows follow the paper's order
     assert md.count("Source: Toy, Table 9 (config/paper_numbers/toy.csv") == 2
@@ -176,7 +178,7 @@ def test_a_grid_laid_out_by_setting_parts(numbers, tmp_path):
     assert "| R_l | R_c=20% | R_c=40% | R_c=60% |" in md and "Setting: alpha=0.1." in md
     rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| R_l=")}
     assert set(rows) == {"R_l=20%", "R_l=40% — ours: b2"}  # a and b share the R_l=20% row
-    assert "ours (a) 81.00 +- 0.00 (n=1 of 3); paper 80.22 +- 0.50; diff +0.78" in rows["R_l=20%"]
+    assert "ours (a) 81.00 (n=1 of 3, no interval); paper 80.22 +- 0.50; diff +0.78" in rows["R_l=20%"]
     assert "ours (b) 82.00" in rows["R_l=20%"] and "ours: not run; paper 80.26" in rows["R_l=20%"]
     assert "ours: not run; paper 80.46" in rows["R_l=40% — ours: b2"]  # b2 has no run yet
     assert len(frame) == 6
@@ -210,9 +212,9 @@ def test_real_paper_numbers_factorized_fl_table1(tmp_path):
             "methods": {"fedavg": "FedAvg", "fedfomo": "FedFOMO"}}]}})
     frame = paper_tables(study, [tmp_path / "runs"], tmp_path / "out")
     cells = _cells(frame)
-    # the paper: FedAvg 70.28 on CIFAR-10 Standard IID (its std lost); ours 72.28 +- 1.00
+    # the paper: FedAvg 70.28 on CIFAR-10 Standard IID (its std lost); ours 72.28 +- 1.41
     fedavg = cells[("FedAvg", "Standard IID")]
-    assert fedavg.paper_value == 70.28 and fedavg.diff == pytest.approx(2.0) and fedavg.ours_std == pytest.approx(1.0)
+    assert fedavg.paper_value == 70.28 and fedavg.diff == pytest.approx(2.0) and fedavg.ours_std == pytest.approx(2 ** 0.5)
     assert cells[("FedAvg", "Standard Non-IID")].paper_status == "lost in extraction"
     assert cells[("FedFOMO", "Standard IID")].ours_status == "not implemented yet"
     assert cells[("Stand-Alone", "Standard IID")].ours_status == "not run"

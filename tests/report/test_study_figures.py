@@ -10,7 +10,7 @@ from PIL import Image
 
 from fedfactor.errors import UsageError
 from fedfactor.report.figures import SMOKE_TITLE, WATERMARK_GID, method_styles
-from fedfactor.report.study_figures import ALWAYS, OPTIONAL, study_figures
+from fedfactor.report.study_figures import ALWAYS, OPTIONAL, _spread_figure, _spread_rows, load_study, study_figures
 
 from ..conftest import write_content
 
@@ -102,8 +102,9 @@ def test_optional_figures_appear_exactly_when_their_data_is_there(tmp_path):
     _check_files(study_figures([tmp_path / "runs" / "dir0.1" / "fedavg"], out, title="t"), ALWAYS)
     assert sorted(p.stem for p in out.iterdir()) == sorted(2 * list(ALWAYS))
 
-    # SimFed's similarities alone: heatmaps, but no matching counts to draw
-    _check_files(study_figures([tmp_path / "runs" / "dir0.1"], out, title="t"), ALWAYS + ("similarity",))
+    # SimFed's similarities alone: heatmaps and their spread, but no matching counts to draw
+    _check_files(study_figures([tmp_path / "runs" / "dir0.1"], out, title="t"),
+                 ALWAYS + ("similarity", "similarity_spread"))
 
 
 @pytest.mark.slow
@@ -169,3 +170,50 @@ def test_a_run_label_twice_or_an_out_file_is_refused(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(UsageError, match="is a file; give a folder"):
         study_figures([tmp_path / "a"], tmp_path / "file", title="t")
+
+
+def _similarities(run, name, rounds):
+    """Overwrite a fake run's `name` diagnostics with the given K x K matrix per round."""
+    for r, m in rounds.items():
+        np.save(run / "diagnostics" / name / f"round_{r:04d}.npy", m)
+
+
+def _pairs(values):
+    """A symmetric K x K similarity matrix with 1 on the diagonal and `values` above it."""
+    m = np.eye(K)
+    m[np.triu_indices(K, 1)] = values
+    return np.maximum(m, m.T)
+
+
+@pytest.mark.slow
+def test_the_spread_pools_seeds_per_round_on_the_similarity_matched_on_and_draws_tau(tmp_path):
+    root = tmp_path / "runs"
+    low, high = np.linspace(0.0, 0.5, 6), np.linspace(0.3, 0.8, 6)
+    for seed, values in ((0, low), (1, high)):
+        run = _run(root, "dom", "simfed", seed, config={"name": "simfed", "tau": 0.9},
+                   diagnostics=("similarity_z", "similarity_v"))
+        _similarities(run, "similarity_v", {r: -np.ones((K, K)) for r in range(1, ROUNDS + 1)})  # not matched on
+        _similarities(run, "similarity_z", {1: _pairs(values)})
+    alpha = _run(root, "dom", "factorized_fl_alpha", 0, config={"name": "factorized_fl_alpha", "tau": 0.0},
+                 diagnostics=("similarity_u", "similarity_v"))
+    _similarities(alpha, "similarity_v", {1: np.full((K, K), np.nan)})  # nobody uploaded yet: no row
+    _run(root, "dom", "fedavg", 0)  # logs no similarity: no line
+    _run(root, "dom", "fedfac", 0, config={"name": "fedfac", "tau": "95%"})  # FedFac's tau names a threshold
+
+    study = load_study([root])
+    spread = _spread_rows(study)
+    simfed = spread[spread.method == "simfed"].set_index("round")
+    pooled = np.repeat(np.concatenate([low, high]), 2)  # each pair twice: both triangles
+    assert list(simfed.index) == [1, 2, 3] and set(simfed["name"]) == {"similarity_z"}
+    assert simfed.loc[1, "max"] == 0.8 and simfed.loc[1, 0.5] == pytest.approx(np.median(pooled))
+    assert simfed.loc[1, 0.1] == pytest.approx(np.quantile(pooled, 0.1))
+    assert simfed.loc[2, 0.5] == 0.5 and simfed.loc[1, "taus"] == [0.9]  # the fake's 0.5 off the diagonal
+    alpha_rows = spread[spread.method == "factorized_fl_alpha"]
+    assert list(alpha_rows["round"]) == [2, 3] and set(alpha_rows["name"]) == {"similarity_v"}
+
+    fig = _spread_figure(study, spread, {m: {"color": "C0", "linestyle": "-"} for m in study.methods})
+    (ax,) = [a for a in fig.axes if a.get_visible() and a.get_title().startswith("dom")]
+    levels = {line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"}
+    assert levels == {0.9, 0.0}  # each method's tau as a dashed level
+    assert {t.get_text() for t in fig.legends[0].get_texts()} >= {"simfed ($z$)", "simfed: tau 0.9"}
+    _check_files(study_figures([root], tmp_path / "figs", title="t"), ALWAYS + ("similarity", "similarity_spread"))

@@ -20,25 +20,46 @@ def _summary(path, scenario, method, seed, acc, nbytes=1000, protocol=PROTOCOL, 
     }))
 
 
-def test_mean_and_std_over_seeds_of_the_reported_accuracy(tmp_path):
-    _summary(tmp_path / "a/fedavg/0", "a", "fedavg", 0, 0.5, 2e9)
-    _summary(tmp_path / "a/fedavg/1", "a", "fedavg", 1, 0.7, 2e9)
+T2 = 4.302653  # Student t's 97.5 % quantile with 2 degrees of freedom: the 95 % interval of 3 seeds
+
+
+def test_mean_spread_and_interval_over_seeds_of_the_reported_accuracy(tmp_path):
+    for seed, acc in enumerate([0.5, 0.7, 0.6]):
+        _summary(tmp_path / f"a/fedavg/{seed}", "a", "fedavg", seed, acc, 2e9)
     _summary(tmp_path / "b/fedavg/0", "b", "fedavg", 0, 0.9, 1.5e9)
     _summary(tmp_path / "a/local/0", "a", "local", 0, 0.4, 0)
+    _summary(tmp_path / "a/local/1", "a", "local", 1, 0.4, 0)
     md = write_tables(collect([tmp_path]), tmp_path / "t.md", tmp_path / "t.csv")
     rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| ")}
-    # seeds 0.5 and 0.7: mean 60.00, population std 10.00
-    assert "60.00 +- 10.00 (2)" in rows["fedavg"]
-    assert "90.00 +- 0.00 (1)" in rows["fedavg"]
+    # seeds 50, 70, 60: mean 60.00, sample std 10.00, interval 60 -+ T2 * 10 / sqrt(3) = [35.2, 84.8]
+    assert "| 60.00 +- 10.00 [35.2, 84.8] (n=3) |" in rows["fedavg"]
+    assert "| 90.00 (n=1, no interval) |" in rows["fedavg"]  # one seed: neither a spread nor an interval
+    assert "| 40.00 +- 0.00 [40.0, 40.0] (n=2) |" in rows["local"]  # no spread: the interval is the mean
     assert rows["local"].count("| - |") == 1  # no run of local in scenario b
     assert rows["fedavg"].endswith("| 1.5000 - 2.0000 |")
     assert rows["local"].endswith("| 0.0000 |")
-    # the table says which protocol its numbers follow
+    # the table says which protocol its numbers follow, and what its spread and interval are
     assert "pooled test split" in md and "after its local training" in md and "best round" in md
+    assert "sample standard deviation (ddof 1)" in md and "95 % confidence interval of the mean, Student t" in md
     csv = pd.read_csv(tmp_path / "t.csv")
     r = csv[(csv.scenario == "a") & (csv.method == "fedavg")].iloc[0]
-    assert r.seeds == 2 and r.accuracy == pytest.approx(0.6) and r.accuracy_mean == pytest.approx(0.5)
+    assert r.seeds == 3 and r.accuracy == pytest.approx(0.6) and r.accuracy_mean == pytest.approx(0.5)
+    assert r.accuracy_sd == pytest.approx(0.1)
+    assert (r.accuracy_ci_low, r.accuracy_ci_high) == pytest.approx((0.6 - T2 * 0.1 / 3 ** 0.5,
+                                                                     0.6 + T2 * 0.1 / 3 ** 0.5))
     assert (r.test_pool, r.eval_model, r.report) == ("shared", "trained", "best")
+    one = csv[(csv.scenario == "b")].iloc[0]
+    assert one.seeds == 1 and pd.isna(one.accuracy_sd) and pd.isna(one.accuracy_ci_low) and pd.isna(one.accuracy_ci_high)
+
+
+def test_a_cost_range_equal_as_shown_is_one_number(tmp_path):
+    _summary(tmp_path / "a/f/0", "a", "f", 0, 0.5, 1_800_010)
+    _summary(tmp_path / "b/f/0", "b", "f", 0, 0.5, 1_800_020)  # 0.0018 GB both, as the table shows them
+    _summary(tmp_path / "c/f/0", "c", "f", 0, 0.5, 1_900_000)
+    md = write_tables(collect([tmp_path / "a", tmp_path / "b"]), tmp_path / "t.md", tmp_path / "t.csv")
+    assert md.rstrip().endswith("| 0.0018 |")
+    md = write_tables(collect([tmp_path]), tmp_path / "t.md", tmp_path / "t.csv")
+    assert md.rstrip().endswith("| 0.0018 - 0.0019 |")
 
 
 def test_runs_of_different_protocols_are_never_mixed(tmp_path):

@@ -21,7 +21,7 @@ rule study_spec:
 
 
 rule table:
-    """Mean +- std over seeds per scenario and method."""
+    """Mean +- std [95 % t interval] over seeds per scenario and method."""
     input:
         study=rules.study_spec.output[0],
         runs=train_jobs(),
@@ -50,7 +50,7 @@ rule table:
 
 
 rule paper_tables:
-    """The paper's tables in its layout: ours (mean +- std, seeds) beside the paper's number and the difference."""
+    """The paper's tables in its layout: ours (mean +- std [CI], n) beside the paper's number and the difference."""
     input:
         study=rules.study_spec.output[0],
         runs=train_jobs(),
@@ -79,7 +79,7 @@ rule paper_tables:
 
 
 rule claims:
-    """Each qualitative claim of the paper, evaluated on our runs: reproduced, not reproduced or not run."""
+    """Each qualitative claim of the paper, tested on our runs: reproduced, not reproduced, within noise or not run."""
     input:
         study=rules.study_spec.output[0],
         runs=train_jobs(),
@@ -108,7 +108,8 @@ rule claims:
 
 rule figures:
     """Accuracy against rounds and against bytes, per-client accuracy, and, where the runs hold them,
-    similarity heatmaps and matching frequencies, FedDecomp's sigma/tau and E_lora figures (PNG + PDF)."""
+    similarity heatmaps, matching frequencies and the per-round spread of the similarities matched on
+    against tau, FedDecomp's sigma/tau and E_lora figures (PNG + PDF)."""
     input:
         study=rules.study_spec.output[0],
         runs=train_jobs(),

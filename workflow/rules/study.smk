@@ -19,26 +19,58 @@ def scenario_sets(wildcards):
     return _quoted(scenario_run_sets(wildcards.scenario))
 
 
-def train_sets(scenario, method, seed):
+def study_entry(scenario, method):
+    """A method's entry as the study's final runs take it: with the values chosen on validation
+    (tuning.file) when the study is tuned."""
+    entry = method_entry(config, scenario, method)
+    return tuning.with_values(entry, TUNED[scenario][method]) if TUNED else entry
+
+
+def tuned_or_stop(wildcards):
+    """The train rule's check that the chosen values can be read: a study whose tuning.file is
+    missing or stale can still be tuned (`snakemake tune`), but its final runs stop the DAG build
+    with the one line saying why."""
+    if UNTUNED is not None:
+        stop(f"{STUDY_FILES}: {UNTUNED}")
+    return []
+
+
+def tuning_entries(scenario, method):
+    """The method's entry at each of its tuning points (the study's own values underneath)."""
+    return [tuning.with_values(method_entry(config, scenario, method), values)
+            for values in tuning.points(TUNING, method)]
+
+
+def train_sets(scenario, method, seed, entry=None, label=None):
     """One run's `--set`s in the order the train rule's command gives them to `fedfactor train-runs`
-    (train.smk), its MLflow experiment id (known once mlflow_init has run) a stand-in."""
+    (train.smk; tune.smk's tuning runs give their `entry` and `label`), its MLflow experiment id (known
+    once mlflow_init has run) a stand-in."""
     partition = f"{STUDY_DIR}/partitions/{scenario}/seed{seed}.json"
+    entry = study_entry(scenario, method) if entry is None else entry
     return [*scenario_run_sets(scenario), f"seed={seed}", f"partition.file={partition}", f"tracking.uri={MLFLOW_URI}",
-            "tracking.experiment_id=0", *method_sets(method_entry(config, scenario, method), method)]
+            "tracking.experiment_id=0", *method_sets(entry, label or method)]
 
 
 def checked_runs():
     """The runs `check_runs` loads: every scenario x method once (a seed changes nothing else in a
-    run config), and each further seed once."""
+    run config), each further seed once, and every tuning point once per scenario."""
     runs = [(f"scenario {s!r}, method {m!r}", train_sets(s, m, SEEDS[0])) for s in SCENARIOS for m in METHODS]
-    return runs + [(f"seed {seed}", train_sets(SCENARIOS[0], METHODS[0], seed)) for seed in SEEDS[1:]]
+    runs += [(f"seed {seed}", train_sets(SCENARIOS[0], METHODS[0], seed)) for seed in SEEDS[1:]]
+    if TUNING:
+        runs += [(f"tuning: scenario {s!r}, method {m!r}, point {i}", train_sets(s, m, TUNING["seeds"][0], e, m))
+                 for s in SCENARIOS for m in METHODS for i, e in enumerate(tuning_entries(s, m))]
+    return runs
 
 
 # Every problem of the study ends the DAG build here, as one line naming the study file, before
 # any job runs.
 try:
     # A scale or override file given after the study writes to a folder of its own (study_folder).
-    STUDY_DIR = f"{RESULTS}/{study_folder(config, workflow.configfiles)}"
+    STUDY_FOLDER = study_folder(config, workflow.configfiles)
+    STUDY_DIR = f"{RESULTS}/{STUDY_FOLDER}"
+    # A variant's runs go to an experiment of their own (<experiment>+<variant>), so MLflow never shows
+    # two runs of one name from a study and its variant.
+    MLFLOW_EXPERIMENT += STUDY_FOLDER[len(config["study"]):]
     check_overrides(config)
     SCENARIOS = selected(config, "scenarios")
     # Methods a study lists before they are implemented (a paper's baselines) are skipped, and the
@@ -51,6 +83,16 @@ try:
         listed = ", ".join(f"{m} ({config['methods'][m]['name']})" for m in IMPLEMENTED)
         raise UsageError(f"none of the study's methods is implemented yet: {listed}")
     OVERRIDES = {s: scenario_overrides(config, s) for s in SCENARIOS}
+    # Hyperparameters chosen on validation (tuning.file), which the final runs take. Without that
+    # file, or with a stale one, only the tuning itself can be built (`snakemake tune`).
+    TUNING = config["tuning"] if tuning_file(config) else None
+    TUNED, UNTUNED = None, None  # the chosen values, or why there are none
+    if TUNING:
+        tuning.check(TUNING, METHODS, config["methods"])
+        try:
+            TUNED = tuning.read_chosen(TUNING, SCENARIOS, METHODS)
+        except UsageError as e:
+            UNTUNED = e
     # The report steps see every scenario and method the study lists: those `select` left out show
     # as "not run" in the paper tables and claims.
     SPEC = study_spec(config, list(config["scenarios"]), LISTED)
@@ -77,7 +119,7 @@ def job_runs(wildcards):
     return json.dumps([
         {"out": f"{STUDY_DIR}/runs/{wildcards.scenario}/{m}/seed{wildcards.seed}",
          "log": f"{STUDY_DIR}/logs/train/{wildcards.scenario}/{m}/seed{wildcards.seed}.log",
-         "set": method_sets(method_entry(config, wildcards.scenario, m), m)}
+         "set": method_sets(study_entry(wildcards.scenario, m), m)}
         for m in JOB_METHODS[int(wildcards.job) - 1]
     ])
 

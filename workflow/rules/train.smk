@@ -4,7 +4,7 @@ from pathlib import Path
 rule mlflow_init:
     """Create the MLflow store and experiment once, so parallel training jobs never race to."""
     output:
-        f"{RESULTS}/mlflow/{config['study']}.experiment_id",
+        f"{RESULTS}/mlflow/{STUDY_FOLDER}.experiment_id",
     params:
         uri=MLFLOW_URI,
         experiment=MLFLOW_EXPERIMENT,
@@ -18,6 +18,15 @@ rule mlflow_init:
         "fedfactor mlflow-init --uri {params.uri:q} --experiment {params.experiment:q} --out {output:q} > {log:q} 2>&1"
 
 
+# A training job's command (the train rule's and tune.smk's): its runs in one process.
+TRAIN_COMMAND = (
+    "OMP_NUM_THREADS={threads} fedfactor train-runs --threads {threads} --config {input.run_config:q} {params.sets}"
+    " --set seed={wildcards.seed} --set partition.file={input.partition:q}"
+    " --set tracking.uri={params.uri:q} --set tracking.experiment_id=$(cat {input.experiment:q})"
+    " --runs {params.runs:q} --done {output:q} --gpus {resources.gpu}"
+)
+
+
 rule train:
     """The runs of one scenario and seed, `runs_per_job` methods of it (JOB_METHODS), one after another
     in one process: Python, torch and MLflow start once per job. Each run keeps its folder (resume from
@@ -28,6 +37,7 @@ rule train:
         partition=f"{STUDY_DIR}/partitions/{{scenario}}/seed{{seed}}.json",
         experiment=rules.mlflow_init.output[0],
         run_config=RUN_CONFIG,
+        tuned=tuned_or_stop,
     output:
         f"{STUDY_DIR}/jobs/train/{{scenario}}/seed{{seed}}-{{job}}.json",
     params:
@@ -53,7 +63,4 @@ rule train:
     # study.smk's train_sets gives the DAG build's checks the same `--set`s in the same order: change
     # both together (tests/test_workflow.py compares them).
     shell:
-        "OMP_NUM_THREADS={threads} fedfactor train-runs --threads {threads} --config {input.run_config:q} {params.sets}"
-        " --set seed={wildcards.seed} --set partition.file={input.partition:q}"
-        " --set tracking.uri={params.uri:q} --set tracking.experiment_id=$(cat {input.experiment:q})"
-        " --runs {params.runs:q} --study {params.study:q} --done {output:q} --gpus {resources.gpu} 2> {log:q}"
+        TRAIN_COMMAND + " --study {params.study:q} 2> {log:q}"

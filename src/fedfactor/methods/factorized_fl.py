@@ -225,8 +225,8 @@ class FactorizedFL(Method):
         log("matching_weights", W)
         log("matching_counts", server["counts"])
         log("matched_clients_mean", float((W[present] > 0).sum(1).double().mean()))
-        if len(present) > 1:  # the highest similarity of any client to another: for the no-match warning
-            log("similarity_max_other", float((sim - 2 * torch.eye(len(present), dtype=sim.dtype)).max()))
+        if len(present) > 1:
+            self._log_spread(sim[~torch.eye(len(present), dtype=torch.bool)])
         counts = server["counts"].double().clone()
         counts.fill_diagonal_(0)
         dom = torch.tensor(self.ctx.domains) if self.ctx.domains else torch.zeros(self.ctx.num_clients)
@@ -240,6 +240,15 @@ class FactorizedFL(Method):
             nonzero, total = sum(c for c, _ in counted), sum(t for _, t in counted)
             log("mu_nonzero", nonzero / len(counted))  # per client, mean over this round's uploads
             log("mu_nonzero_share", nonzero / max(total, 1))
+
+    def _log_spread(self, others: torch.Tensor) -> None:
+        """Scalars of the similarities between distinct clients, to set against tau round by round;
+        the max is also the no-match warning's evidence."""
+        log = self.ctx.log
+        log("similarity_max_other", float(others.max()))
+        log("similarity_mean_other", float(others.mean()))
+        for q in (0.1, 0.5, 0.9):
+            log(f"similarity_q{round(100 * q)}_other", float(others.quantile(q)))
 
     # -- client side -----------------------------------------------------------------------------
     def run_warnings(self, diagnostics):

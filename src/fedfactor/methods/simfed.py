@@ -13,7 +13,7 @@ import torch
 
 from ..fl.state import State
 from ..fl.train import run_with
-from .base import METHODS, Count, variant
+from .base import METHODS, Count, one_of, variant
 from .factorized_fl import FactorizedFL
 
 CRITERIA = "simfed.criteria"  # the client's copy of x_N, kept in its state
@@ -29,6 +29,12 @@ class SimFed(FactorizedFL):
 
     class Params(FactorizedFL.Params):
         criteria_inputs: Count = 1  # Gaussian inputs x_N the embeddings are taken of
+        # eval: BatchNorm with the client's running statistics (the official code embeds after evaluating)
+        # | train: BatchNorm normalises x_N by its own statistics
+        criteria_mode: one_of("eval", "train") = "eval"
+        # concat: the inputs' embeddings end to end (the official code flattens them) | mean: their mean,
+        # the client as a "set encoder" of x_N (003, 4.1)
+        criteria_pool: one_of("concat", "mean") = "concat"
 
     key_name = "similarity_z"
     recurrent_refused = ("it matches clients on their embeddings of a Gaussian criteria input, which a model of "
@@ -51,8 +57,13 @@ class SimFed(FactorizedFL):
         return payload
 
     def match_key(self, k: int, state: State) -> torch.Tensor:
-        weights = {key[len("body."):]: t for key, t in state.items() if key.startswith("body.")}
-        return run_with(self.ctx.model.body, weights, state[CRITERIA]).reshape(-1)
+        training = self.hp.criteria_mode == "train"
+        # a copy in train mode: BatchNorm would otherwise fold x_N into the client's running statistics
+        weights = {key[len("body."):]: t.clone() if training else t for key, t in state.items()
+                   if key.startswith("body.")}
+        z = run_with(self.ctx.model.body, weights, state[CRITERIA], training=training)
+        z = z.reshape(len(z), -1)
+        return (z.mean(0) if self.hp.criteria_pool == "mean" else z).reshape(-1)
 
 
 variant("simfed_text", "SimFed as its text describes it (ablation of the default): L1 with a gradient, mu from "

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
+from scipy import stats
 
 from ..config import EvalConfig
 from ..errors import UsageError
@@ -127,9 +129,25 @@ class Quantity:
         return float(run.accuracy)
 
 
+CONFIDENCE = 0.95  # of every interval the tables and claims give
+
+
+def t_interval(values: Sequence[float]) -> tuple[float, float]:
+    """The 95 % Student t confidence interval of the mean of `values` (sample std, n - 1 degrees of
+    freedom). NaNs for fewer than two values: one seed says nothing about the spread. Values that are
+    all equal give the mean itself (scipy would give NaN for a zero scale)."""
+    x = np.asarray(values, dtype=float)
+    if len(x) < 2:
+        return math.nan, math.nan
+    if np.all(x == x[0]):
+        return float(x[0]), float(x[0])
+    lo, hi = stats.t.interval(CONFIDENCE, len(x) - 1, loc=x.mean(), scale=stats.sem(x))
+    return float(lo), float(hi)
+
+
 @dataclass
 class Values:
-    """One cell's numbers, per seed, with mean and std (ddof 0, as `fedfactor table`)."""
+    """One cell's numbers, per seed, with mean, sample std and t interval, as `fedfactor table`."""
 
     per_seed: dict[int, float]
 
@@ -143,8 +161,12 @@ class Values:
 
     @property
     def std(self) -> float:
-        m = self.mean
-        return math.sqrt(sum((v - m) ** 2 for v in self.per_seed.values()) / self.n)
+        """Sample standard deviation (ddof 1); NaN for one seed."""
+        return float(np.std(list(self.per_seed.values()), ddof=1)) if self.n > 1 else math.nan
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return t_interval(list(self.per_seed.values()))
 
 
 def read_values(runs: Sequence[StudyRun], quantity: Quantity, scale: float = 1.0) -> Values:

@@ -1,9 +1,26 @@
 """The papers' qualitative claims checked on our runs: one verdict per claim of a study.
 
-Claims are data (the `claims` section of a study YAML, see spec.py). Each is evaluated on the means
-over seeds; the report gives the observed numbers, the condition, the number of seeds and how many
-seeds agree on their own. Verdicts: `reproduced`, `not reproduced`, or `not run` when a needed run is
-missing or a method is not implemented yet (the `missing` column says which).
+Claims are data (the `claims` section of a study YAML, see spec.py). A claim makes comparisons (a
+scenario, a pair of methods). Each comparison has a quantity per seed: the difference a - b (order,
+drop and close claims), the lead of the method over the best other method of that seed (best claims)
+or the ratio a / b (ratio claims). Runs of the same seed share their partition, so on the seeds the
+compared runs share (two or more) the test is paired: a one-sample t-test of the per-seed quantity
+(the paired t-test for differences), with the 95 % Student t interval of its mean. Where fewer than
+two seeds are shared, two cells fall back to Welch's t-test of their runs (a best claim: the method
+against the next best on the means); a ratio has no unpaired interval.
+
+Verdict of a comparison, from that interval and the claim's condition (`_Region`):
+`reproduced` when the whole interval meets the condition, `not reproduced` when none of it does,
+`within noise` otherwise. A quantity identical in every seed (bytes, as a rule) has no noise: it is
+decided on its value. One seed gives no interval: the comparison is `within noise`, since one run says
+nothing about how far the next seed would move it; bytes are the exception and are decided on the
+value, because a run's communication is set by the model, the rounds and the clients that take part,
+not by the training's randomness. A claim is `reproduced` when every comparison is, `not reproduced`
+when any is not, `within noise` otherwise, and `not run` when a needed run is missing or a method is
+not implemented yet (the `missing` column says which).
+
+The report gives the means, the quantity with its interval, test and p-value (two-sided, against no
+difference or a ratio of 1), the condition, the number of seeds and how many seeds agree on their own.
 
 `evaluate_claims(study, summaries, out_dir)` writes claims.md, claims.csv and claims.html.
 """
@@ -16,29 +33,133 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
 import pandas as pd
+from scipy import stats
 
 from ..io import atomic_write_text
-from .cells import NoValue, Quantity, StudyRuns, Values, is_smoke, load_runs, read_values
+from .cells import CONFIDENCE, NoValue, Quantity, StudyRuns, Values, is_smoke, load_runs, read_values
 from .paper import html_page
 from .spec import (SMOKE_COLUMN, SMOKE_TITLE, BestClaim, CloseClaim, DropClaim, OrderClaim, RatioClaim, Side, StudySpec,
                    protocol_words, unit_of, with_text_variants)
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
+WITHIN_NOISE = "within noise"
 NOT_RUN = "not run"
-COLUMNS = ["smoke_run", "id", "mode", "kind", "verdict", "claim", "observed", "condition", "seeds", "seeds_agree",
-           "missing", "source", "note"]
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, WITHIN_NOISE, NOT_RUN)
+INTERVAL_HEAD = "quantity per seed: mean, 95 % CI, test"
+COLUMNS = ["smoke_run", "id", "mode", "kind", "verdict", "claim", "observed", "interval", "condition", "seeds",
+           "seeds_agree", "missing", "source", "note"]
+
+
+@dataclass(frozen=True)
+class _Estimate:
+    """A comparison's quantity over seeds: its value, 95 % interval (NaN: none) and the test in words.
+    `exact`: decided on the value (no spread over the seeds, or bytes of one seed)."""
+
+    value: float
+    lo: float
+    hi: float
+    test: str
+    exact: bool = False
+
+
+@dataclass(frozen=True)
+class _Region:
+    """Where a comparison's quantity must lie for the claim to hold: from `low` (excluded when
+    `open_low`) to `high`. Every claim's condition is such an interval, so an interval of the
+    quantity meets it entirely when both its ends do."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    open_low: bool = False
+
+    def holds(self, x: float) -> bool:
+        return (x > self.low if self.open_low else x >= self.low) and x <= self.high
+
+    def misses(self, lo: float, hi: float) -> bool:
+        return (hi <= self.low if self.open_low else hi < self.low) or lo > self.high
+
+    def verdict(self, e: _Estimate) -> str:
+        if e.exact:
+            return REPRODUCED if self.holds(e.value) else NOT_REPRODUCED
+        if math.isnan(e.lo):
+            return WITHIN_NOISE
+        if self.holds(e.lo) and self.holds(e.hi):
+            return REPRODUCED
+        return NOT_REPRODUCED if self.misses(e.lo, e.hi) else WITHIN_NOISE
+
+
+def _above(margin: float) -> _Region:
+    """More than 0 and at least `margin`."""
+    return _Region(margin, open_low=margin == 0)
+
+
+def _p(p: float) -> str:
+    return "p<0.001" if p < 0.001 else f"p={p:.2g}"
+
+
+def _paired_test(x: np.ndarray, null: float) -> _Estimate:
+    value = float(x.mean())
+    if np.all(x == x[0]):  # scipy's interval would be degenerate or NaN: the value is exact
+        return _Estimate(value, value, value, f"the same in all {len(x)} seeds", exact=True)
+    t = stats.ttest_1samp(x, null)
+    ci = t.confidence_interval(CONFIDENCE)
+    return _Estimate(value, float(ci.low), float(ci.high), f"paired t-test {_p(t.pvalue)}, n={len(x)}")
+
+
+def _welch_test(a: Values, b: Values) -> _Estimate:
+    xa, xb = list(a.per_seed.values()), list(b.per_seed.values())
+    value, n = a.mean - b.mean, f"n={a.n} vs {b.n}"
+    if a.std == 0 and b.std == 0:
+        return _Estimate(value, value, value, f"the same in all seeds of each side, seeds not paired, {n}", exact=True)
+    t = stats.ttest_ind(xa, xb, equal_var=False)
+    ci = t.confidence_interval(CONFIDENCE)
+    return _Estimate(value, float(ci.low), float(ci.high), f"Welch t-test (seeds not paired) {_p(t.pvalue)}, {n}")
+
+
+def _estimate(values: Sequence[Values], quantity: Callable[..., float], null: float, exact: bool,
+              welch: tuple[Values, Values] | None) -> _Estimate:
+    """`quantity` of the cells `values` over seeds: paired on the seeds all of them have when there are
+    two or more, else Welch's t-test of the two cells `welch` (None: no unpaired test). `exact`: the
+    quantity does not vary with the seed (bytes), so one seed decides it."""
+    shared = sorted(set.intersection(*(set(v.per_seed) for v in values)))
+    if len(shared) >= 2:
+        return _paired_test(np.array([quantity(*(v.per_seed[s] for v in values)) for s in shared]), null)
+    if welch is not None and min(v.n for v in welch) >= 2:
+        return _welch_test(*welch)
+    n = "n=1" if shared and all(v.n == 1 for v in values) else \
+        "seeds not paired, n=" + " vs ".join(str(v.n) for v in values)
+    value = quantity(*(v.mean for v in values))
+    return _Estimate(value, math.nan, math.nan, f"{n}, no interval" + (", bytes taken as exact" if exact else ""),
+                     exact=exact)
 
 
 @dataclass
 class _Check:
-    """One comparison of a claim (a scenario, a pair of methods): the means' outcome and the seeds'."""
+    """One comparison of a claim (a scenario, a pair of methods): the means, the test's interval and
+    verdict, and the seeds that agree on their own."""
 
-    text: str
-    holds: bool
+    text: str  # the means and their difference
+    label: str  # the comparison, for the interval column
+    estimate: _Estimate
+    verdict: str
     agree: int
     paired: int
+    unit: str  # pp, GB, or "" for a ratio
+
+    @property
+    def interval(self) -> str:
+        """`s1: a vs b: +10.00 pp, 95 % CI [+7.52, +12.48], paired t-test p=0.0033, n=3 (reproduced)`."""
+        e, u = self.estimate, self.unit
+        ci = "" if math.isnan(e.lo) or e.lo == e.hi else f", 95 % CI [{_num(e.lo, u)}, {_num(e.hi, u)}]"
+        return f"{self.label}: {_num(e.value, u)}{' ' + u if u else ''}{ci}, {e.test} ({self.verdict})"
+
+
+def _num(x: float, unit: str) -> str:
+    """A difference signed, in pp or GB; a ratio (no unit) to 4 significant digits."""
+    return f"{x:+.{4 if unit == 'GB' else 2}f}" if unit else f"{x:.4g}"
 
 
 @dataclass
@@ -86,12 +207,7 @@ def _paired(values: Sequence[Values], test: Callable[..., bool]) -> tuple[int, i
     return agree, len(seeds)
 
 
-def _above(margin: float) -> Callable[[float], bool]:
-    return lambda d: d > 0 and d >= margin
-
-
-def _difference(claim, reader: _Reader, pairs, test: Callable[[float], bool], unit: str,
-                verb: str = "vs") -> list[_Check]:
+def _difference(claim, reader: _Reader, pairs, region: _Region, unit: str, verb: str = "vs") -> list[_Check]:
     """Checks of a - b for each ((side, scenario), (side, scenario)) pair."""
     out = []
     for (sa, xa), (sb, xb) in pairs:
@@ -100,11 +216,15 @@ def _difference(claim, reader: _Reader, pairs, test: Callable[[float], bool], un
             continue
         d = va.mean - vb.mean
         if xa == xb:
+            label = f"{xa}: {_name(claim, sa)} {verb} {_name(claim, sb)}"
             text = f"{xa}: {_name(claim, sa)} {_fmt(va.mean, unit)} {verb} {_name(claim, sb)} {_fmt(vb.mean, unit)}"
         else:
+            label = f"{_name(claim, sa)}: {xa} -> {xb}"
             text = f"{_name(claim, sa)}: {xa} {_fmt(va.mean, unit)} -> {xb} {_fmt(vb.mean, unit)}"
-        agree, paired = _paired([va, vb], lambda a, b: test(a - b))
-        out.append(_Check(f"{text} ({d:+.{4 if unit == 'GB' else 2}f} {unit})", test(d), agree, paired))
+        est = _estimate([va, vb], lambda a, b: a - b, 0.0, unit == "GB", (va, vb))
+        agree, paired = _paired([va, vb], lambda a, b: region.holds(a - b))
+        out.append(_Check(f"{text} ({d:+.{4 if unit == 'GB' else 2}f} {unit})", label, est, region.verdict(est),
+                          agree, paired, unit))
     return out
 
 
@@ -125,8 +245,8 @@ def _checks(claim, reader: _Reader) -> tuple[list[_Check], str]:
             pairs = [((claim.a, s), (claim.b, s)) for s in claim.scenarios]
         else:
             pairs = [((claim.method, f), (claim.method, t)) for f, t in zip(claim.from_, claim.to)]
-        test = lambda d: abs(d) <= claim.tolerance  # noqa: E731
-        return _difference(claim, reader, pairs, test, unit), f"|difference| <= {_fmt(claim.tolerance, unit)} {unit}"
+        region = _Region(-claim.tolerance, claim.tolerance)
+        return _difference(claim, reader, pairs, region, unit), f"|difference| <= {_fmt(claim.tolerance, unit)} {unit}"
     if isinstance(claim, RatioClaim):
         return _ratio(claim, reader)
     if isinstance(claim, BestClaim):
@@ -138,19 +258,19 @@ def _ratio(claim: RatioClaim, reader: _Reader) -> tuple[list[_Check], str]:
     def ratio(a: float, b: float) -> float:
         return a / b if b else (math.inf if a else math.nan)
 
-    def inside(r: float) -> bool:
-        return not math.isnan(r) and (claim.min is None or r >= claim.min) and (claim.max is None or r <= claim.max)
-
+    region = _Region(-math.inf if claim.min is None else claim.min, math.inf if claim.max is None else claim.max)
     out = []
     unit = unit_of(claim.metric_of(claim.a))
     for s in claim.scenarios:
         va, vb = reader.get(claim.a, s, claim.metric_of(claim.a)), reader.get(claim.b, s, claim.metric_of(claim.b))
         if va is None or vb is None:
             continue
-        r = ratio(va.mean, vb.mean)
-        agree, paired = _paired([va, vb], lambda a, b: inside(ratio(a, b)))
+        est = _estimate([va, vb], ratio, 1.0, unit == "GB", None)
+        agree, paired = _paired([va, vb], lambda a, b: region.holds(ratio(a, b)))
         out.append(_Check(f"{s}: {_name(claim, claim.a)} {_fmt(va.mean, unit)} / {_name(claim, claim.b)} "
-                          f"{_fmt(vb.mean, unit)} = {r:.4g}", inside(r), agree, paired))
+                          f"{_fmt(vb.mean, unit)} = {ratio(va.mean, vb.mean):.4g}",
+                          f"{s}: {_name(claim, claim.a)} / {_name(claim, claim.b)}", est, region.verdict(est),
+                          agree, paired, ""))
     lo = "" if claim.min is None else f"{claim.min:g} <= "
     hi = "" if claim.max is None else f" <= {claim.max:g}"
     return out, f"{lo}a / b{hi} in every scenario"
@@ -158,6 +278,7 @@ def _ratio(claim: RatioClaim, reader: _Reader) -> tuple[list[_Check], str]:
 
 def _best(claim: BestClaim, reader: _Reader, unit: str) -> tuple[list[_Check], str]:
     lowest = unit == "GB"  # fewer bytes is better
+    region = _above(claim.margin)
     out = []
     for s in claim.scenarios:
         mine = reader.get(claim.method, s, claim.metric_of(claim.method))
@@ -171,28 +292,35 @@ def _best(claim: BestClaim, reader: _Reader, unit: str) -> tuple[list[_Check], s
         d = lead(mine.mean, *(o.mean for o in others))
         k = min(range(len(others)), key=lambda i: others[i].mean) if lowest else \
             max(range(len(others)), key=lambda i: others[i].mean)
-        agree, paired = _paired([mine, *others], lambda me, *rest: _above(claim.margin)(lead(me, *rest)))
+        # unpaired, the lead can only be tested against one other method: the next best on the means
+        est = _estimate([mine, *others], lead, 0.0, lowest, (others[k], mine) if lowest else (mine, others[k]))
+        agree, paired = _paired([mine, *others], lambda me, *rest: region.holds(lead(me, *rest)))
         out.append(_Check(f"{s}: {_name(claim, claim.method)} {_fmt(mine.mean, unit)}, next best "
                           f"{_name(claim, claim.among[k])} {_fmt(others[k].mean, unit)} ({d:+.{4 if lowest else 2}f} "
-                          f"{unit})", _above(claim.margin)(d), agree, paired))
+                          f"{unit})", f"{s}: {_name(claim, claim.method)}'s lead", est, region.verdict(est),
+                          agree, paired, unit))
     word = "lowest" if lowest else "highest"
     cond = f"{word} of the set" + (f" by >= {_fmt(claim.margin, unit)} {unit}" if claim.margin else "") + \
         " in every scenario"
     return out, cond
 
 
+def _verdict(checks: list[_Check]) -> str:
+    verdicts = {c.verdict for c in checks}
+    if NOT_REPRODUCED in verdicts:
+        return NOT_REPRODUCED
+    return WITHIN_NOISE if WITHIN_NOISE in verdicts else REPRODUCED
+
+
 def evaluate_one(study: StudySpec, runs: StudyRuns, claim, smoke: bool = False, mode: str = "") -> dict:
     reader = _Reader(study, runs)
     checks, condition = _checks(claim, reader)
-    if reader.missing:
-        verdict = NOT_RUN
-    else:
-        verdict = REPRODUCED if all(c.holds for c in checks) else NOT_REPRODUCED
     agree, paired = sum(c.agree for c in checks), sum(c.paired for c in checks)
     return {
         "smoke_run": SMOKE_COLUMN if smoke else "",
-        "id": claim.id, "mode": mode, "kind": claim.kind, "verdict": verdict, "claim": claim.claim,
-        "observed": "; ".join(c.text for c in checks), "condition": condition,
+        "id": claim.id, "mode": mode, "kind": claim.kind, "verdict": NOT_RUN if reader.missing else _verdict(checks),
+        "claim": claim.claim, "observed": "; ".join(c.text for c in checks),
+        "interval": "; ".join(c.interval for c in checks), "condition": condition,
         "seeds": min(reader.seeds) if reader.seeds else 0,
         "seeds_agree": f"{agree}/{paired}" if checks else "",
         "missing": "; ".join(reader.missing), "source": claim.source, "note": claim.note or "",
@@ -207,12 +335,12 @@ def _markdown(title: str, intro: list[str], frame: pd.DataFrame) -> str:
     out = [f"# {title}", "", *(f"{line}  " for line in intro), ""]
     if frame.empty:
         return "\n".join(out + ["This study lists no claims."]) + "\n"
-    head = ["id", "mode", "verdict", "claim", "observed (mean over seeds)", "condition", "seeds", "seeds agreeing",
-            "source"]
+    head = ["id", "mode", "verdict", "claim", "observed (mean over seeds)", INTERVAL_HEAD, "condition", "seeds",
+            "seeds agreeing", "source"]
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in frame.itertuples():
         observed = r.observed if not r.missing else "; ".join(x for x in (f"missing: {r.missing}", r.observed) if x)
-        out.append("| " + " | ".join(_md(x) for x in (r.id, r.mode, f"**{r.verdict}**", r.claim, observed,
+        out.append("| " + " | ".join(_md(x) for x in (r.id, r.mode, f"**{r.verdict}**", r.claim, observed, r.interval,
                                                      r.condition, r.seeds, r.seeds_agree, r.source)) + " |")
     notes = [f"- {r.id}: {_md(r.note)}" for r in frame.itertuples() if r.note]
     if notes:
@@ -220,23 +348,27 @@ def _markdown(title: str, intro: list[str], frame: pd.DataFrame) -> str:
     return "\n".join(out) + "\n"
 
 
+def _lines(text: str) -> str:
+    """A comparison per line."""
+    return "<br>".join(html.escape(x) for x in text.split("; ") if x)
+
+
 def _html(title: str, intro: list[str], frame: pd.DataFrame, smoke: bool) -> str:
     body = [f"<p>{html.escape(line)}</p>" for line in intro]
     if frame.empty:
         body.append("<p>This study lists no claims.</p>")
         return html_page(title, body, smoke)
-    head = ["id", "mode", "verdict", "claim", "observed (mean over seeds)", "condition", "seeds", "seeds agreeing",
-            "source", "note"]
+    head = ["id", "mode", "verdict", "claim", "observed (mean over seeds)", INTERVAL_HEAD, "condition", "seeds",
+            "seeds agreeing", "source", "note"]
     body.append("<table><thead><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>")
     for r in frame.itertuples():
-        observed = "<br>".join(html.escape(x) for x in r.observed.split("; ") if x)
+        observed = _lines(r.observed)
         if r.missing:
             observed = (f'<span class="missing">missing: {html.escape(r.missing)}</span>'
                         + ("<br>" + observed if observed else ""))
         cls = r.verdict.replace(" ", "-")
         cells = [html.escape(r.id), html.escape(r.mode), f'<span class="{cls}">{html.escape(r.verdict)}</span>',
-                 html.escape(r.claim),
-                 observed, html.escape(r.condition), str(r.seeds), html.escape(r.seeds_agree), html.escape(r.source),
+                 html.escape(r.claim), observed, _lines(r.interval), html.escape(r.condition), str(r.seeds), html.escape(r.seeds_agree), html.escape(r.source),
                  html.escape(r.note)]
         body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     body.append("</tbody></table>")
@@ -259,14 +391,20 @@ def evaluate_claims(study: StudySpec, summaries: Sequence[str | Path], out_dir: 
     counts = frame["verdict"].value_counts()
     intro = [f"Study {study.study}; seeds {', '.join(map(str, study.seeds))}; our protocol: "
              f"{protocol_words(runs.protocol)}.",
-             "Each claim is checked on the means over seeds (accuracy in %, differences in percentage points (pp); "
-             "bytes in GB); 'seeds agreeing' counts the seeds (paired across the compared runs) for which the "
-             "condition holds on its own.",
+             "Each comparison a claim makes (accuracy in %, differences in percentage points (pp); bytes in GB) is "
+             "tested on its quantity per seed: the difference a - b, for a best claim the lead over the best other "
+             "method of that seed, for a ratio claim a / b. Paired t-test over the seeds the compared runs share "
+             "(Welch's t-test where they share fewer than two), with the 95 % confidence interval of the mean "
+             "quantity and the two-sided p-value against no difference (a ratio of 1).",
+             "reproduced: the whole interval meets the condition; not reproduced: none of it does; within noise: "
+             "otherwise, or one seed (no interval). A quantity the same in every seed (bytes) is decided on its "
+             "value, as are bytes of one seed. A claim is reproduced when all its comparisons are, not reproduced "
+             "when any is not, else within noise. 'seeds agreeing' counts the seeds (paired across the compared "
+             "runs) for which the condition holds on its own.",
              *(["A claim about a seed method is checked twice: 'as run' (the authors' code's behaviour, the "
                 "default) and 'text' (the paper's text as written: " + ", ".join(
                     f"{t} for {a}" for a, t in study.text_variants.items()) + ")."] if study.text_variants else []),
-             f"{len(frame)} claims: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in (REPRODUCED, NOT_REPRODUCED,
-                                                                                      NOT_RUN)) + "."]
+             f"{len(frame)} claims: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS) + "."]
     out = Path(out_dir)
     atomic_write_text(out / "claims.csv", frame.to_csv(index=False))
     atomic_write_text(out / "claims.md", _markdown(title, intro, frame))

@@ -51,7 +51,7 @@ def load_similarity(run_dir: str | Path, rounds: list[int] | None = None) -> Sim
     """The similarity matrices of `run_dir` at `rounds` (default: first, middle, last) and its last
     matching counts, checked; every problem is one UsageError naming the file."""
     run_dir = Path(run_dir)
-    available = _available_rounds(run_dir)
+    available = available_rounds(run_dir)
     rows = [name for name in SIMILARITIES if name in available]
     if not rows:
         raise UsageError(f"{run_dir / 'diagnostics'} holds none of {', '.join(SIMILARITIES)}; "
@@ -59,8 +59,8 @@ def load_similarity(run_dir: str | Path, rounds: list[int] | None = None) -> Sim
     columns = _pick_rounds(run_dir, available, rows, rounds)
     counts_round = max(available[COUNTS]) if COUNTS in available else None
 
-    matrices = {(name, r): _load(run_dir, name, r) for name in rows for r in columns}
-    counts = _load(run_dir, COUNTS, counts_round) if counts_round is not None else None
+    matrices = {(name, r): load_matrix(run_dir, name, r) for name in rows for r in columns}
+    counts = load_matrix(run_dir, COUNTS, counts_round) if counts_round is not None else None
     sizes = {m.shape[0] for m in matrices.values()} | ({counts.shape[0]} if counts is not None else set())
     if len(sizes) > 1:
         raise UsageError(f"the diagnostics of {run_dir} disagree on the number of clients "
@@ -86,7 +86,7 @@ def similarity_heatmaps(run_dir: str | Path, out_png: str | Path, rounds: list[i
     return {"rows": sim.rows, "rounds": sim.rounds, "counts_round": sim.counts_round, "clients": sim.clients}
 
 
-def _available_rounds(run_dir: Path) -> dict[str, list[int]]:
+def available_rounds(run_dir: Path) -> dict[str, list[int]]:
     """The sorted rounds each diagnostic name has files for (names without any are left out)."""
     folder = run_dir / "diagnostics"
     if not run_dir.is_dir():
@@ -140,7 +140,7 @@ def _path(run_dir: Path, name: str, r: int) -> Path:
     return run_dir / "diagnostics" / name / f"round_{r:04d}.npy"
 
 
-def _load(run_dir: Path, name: str, r: int) -> np.ndarray:
+def load_matrix(run_dir: Path, name: str, r: int) -> np.ndarray:
     path = _path(run_dir, name, r)
     fix = "the file is damaged or was not written by fedfactor: re-run the run"
     try:

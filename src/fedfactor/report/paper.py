@@ -1,6 +1,6 @@
 """Paper vs ours: each of a study's paper tables in the paper's own layout, every cell holding our
-number (mean +- std over seeds, n seeds), the paper's (value +- std) and the difference ours - paper,
-in the paper's unit.
+number (mean +- sample std over seeds [95 % t interval of the mean], n seeds), the paper's (value +- std)
+and the difference ours - paper, in the paper's unit.
 
 `paper_tables(study, summaries, out_dir)` writes paper.md, paper.csv (one row per cell), paper.tex and
 paper.html (self-contained, for the Snakemake report). The mapping from our scenarios and method labels
@@ -368,14 +368,22 @@ def _fmt(x: float | None, metric: str, signed: bool = False) -> str:
     return f"{x:+.{DECIMALS[metric]}f}" if signed else f"{x:.{DECIMALS[metric]}f}"
 
 
+def _ours(values: Values, metric: str, seeds: int) -> str:
+    """`60.00 +- 10.00 [35.16, 84.84] (n=3)`; one seed has neither spread nor interval."""
+    n = f"n={values.n}" + (f" of {seeds}" if values.n < seeds else "")
+    if values.n < 2:
+        return f"{_fmt(values.mean, metric)} ({n}, no interval)"
+    lo, hi = values.interval
+    return f"{_fmt(values.mean, metric)} +- {_fmt(values.std, metric)} [{_fmt(lo, metric)}, {_fmt(hi, metric)}] ({n})"
+
+
 def _parts_of(cell: CellOut, metric: str, seeds: int) -> list[tuple[str, str]]:
     """(css class, text) pieces of one cell: ours, the paper's, the difference."""
     if cell.value is None and cell.label is None:
         return [("none", "—")]
     who = f"ours ({cell.label})" if cell.show_label else "ours"
     if cell.ours is not None:
-        n = f"n={cell.ours.n}" + (f" of {seeds}" if cell.ours.n < seeds else "")
-        ours = ("ours", f"{who} {_fmt(cell.ours.mean, metric)} +- {_fmt(cell.ours.std, metric)} ({n})")
+        ours = ("ours", f"{who} {_ours(cell.ours, metric, seeds)}")
     else:
         ours = ("missing", f"{who}: {cell.ours_status}")
     mark = f" [{cell.footnote}]" if cell.footnote else ""
@@ -425,7 +433,8 @@ def _section_out(study: StudySpec, runs: StudyRuns, section: Section, prefix: st
     title = spec.title or section.values[0].table
     heading = f"{prefix}{section.values[0].paper}: {title} — {UNITS[section.metric]}"
     lines = [f"Source: {section.source} (config/paper_numbers/{section.csv.name}; the paper's numbers as printed).",
-             "Ours: mean +- std over seeds (std with ddof 0; n = seeds) of "
+             "Ours: mean +- sample std over seeds (ddof 1) [95 % confidence interval of the mean, Student t "
+             "with n - 1 degrees of freedom] (n = seeds; one seed has neither) of "
              + ("bytes sent up and down over the run, in GB (1e9 bytes)" if section.metric == "cost_gb" else
                 "the reported accuracy" + (" in %" if section.metric == "accuracy_pct" else " as a fraction"))
              + f"; our protocol: {protocol_words(runs.protocol)}. diff = ours - paper."]
@@ -460,6 +469,8 @@ def _records(study: StudySpec, runs: StudyRuns, smoke: bool, rendered: list[tupl
                     "seeds": cell.ours.n if cell.ours else 0,
                     "ours_mean": cell.ours.mean if cell.ours else None,
                     "ours_std": cell.ours.std if cell.ours else None,
+                    "ours_ci_low": cell.ours.interval[0] if cell.ours else None,
+                    "ours_ci_high": cell.ours.interval[1] if cell.ours else None,
                     "paper_status": v.status if v else "no value in this cell",
                     "paper_value": v.value if v else None, "paper_std": v.std if v else None,
                     "diff": cell.diff, "paper_note": v.note if v else "",
@@ -467,8 +478,8 @@ def _records(study: StudySpec, runs: StudyRuns, smoke: bool, rendered: list[tupl
                 })
     return pd.DataFrame(out, columns=["smoke_run", "study", "source", "csv", "metric", "row", "column", "dataset",
                                       "setting", "paper_method", "our_method", "our_scenario", "ours_status", "seeds",
-                                      "ours_mean", "ours_std", "paper_status", "paper_value", "paper_std", "diff",
-                                      "paper_note", "protocol"])
+                                      "ours_mean", "ours_std", "ours_ci_low", "ours_ci_high", "paper_status",
+                                      "paper_value", "paper_std", "diff", "paper_note", "protocol"])
 
 
 def _md_escape(text: str) -> str:
@@ -501,7 +512,7 @@ th { background: #eee; }
 .missing { color: #a40000; } .none { color: #999; }
 .smoke { background: #b00; color: #fff; padding: .6em 1em; font-weight: 700; }
 .reproduced { color: #116329; font-weight: 600; } .not-reproduced { color: #a40000; font-weight: 600; }
-.not-run { color: #777; font-weight: 600; }
+.within-noise { color: #9a6700; font-weight: 600; } .not-run { color: #777; font-weight: 600; }
 p.note, ol.notes { color: #555; font-size: 12px; }
 """.strip()
 

@@ -405,6 +405,8 @@ class StudySpec(_Strict):
     # as-run label -> the label of its text-as-written variant: every claim naming an as-run label is
     # also checked with the text variants in its place, so the claims say which one reproduces
     text_variants: dict[Name, Name] = {}
+    # the file of hyperparameters chosen on validation that the final runs use (None: untuned)
+    tuned: Name | None = None
 
     @model_validator(mode="after")
     def _references(self) -> StudySpec:

@@ -14,6 +14,9 @@ when the runs hold their data
   similarity        client similarity heatmaps (first, middle, last round) of one representative
                     Factorized-FL/SimFed run per scenario (000 Fig. 7)
   matching          how often each client mixed in each other client over the run, same runs
+  similarity_spread per scenario and round, the spread of the similarities between distinct clients
+                    that each Factorized-FL/SimFed method matches on (SimFed's z, else v), seeds
+                    pooled, against the method's tau: whether matching can happen at all
   decomp            FedDecomp's sigma/tau diagnostics per round (004 Fig. 6)
   elora             accuracy against E_lora, when alternating FedDecomp runs try two or more
                     E_lora values in a scenario (004 Fig. 5)
@@ -37,18 +40,28 @@ from pydantic import BeforeValidator, Field
 
 from ..errors import UsageError
 from . import heatmaps
-from .decomp import (DIAGNOSTICS, RunSettings, check_diagnostics, draw_decomposition, draw_elora, elora_data,
-                     is_sweep_run)
+from .decomp import (DIAGNOSTICS, MethodSettings, RunSettings, check_diagnostics, draw_decomposition, draw_elora,
+                     elora_data, is_sweep_run)
 from .figures import (DatasetKey, _read_metrics, decorate, holds_numbers, is_synthetic, legend_outside, mean_band,
                       method_styles, panel_grid, pyplot, rounds_axis, save_figure)
 from .runs import Accuracy, _nan_is_null, find_summaries, read_summary
 
 ALWAYS = ("accuracy_rounds", "accuracy_bytes", "per_client")
-OPTIONAL = ("similarity", "matching", "decomp", "elora")
+OPTIONAL = ("similarity", "matching", "similarity_spread", "decomp", "elora")
+SPREAD = (0.1, 0.5, 0.9)  # the quantiles drawn: a band between the outer two, a line at the middle
 MB = 1e6
 _FIX = "the run did not finish or the file is damaged: re-run it"
 
 ClientAccuracy = Annotated[Accuracy | None, BeforeValidator(_nan_is_null)]
+
+
+class _Method(MethodSettings):
+    # the similarity threshold of Factorized-FL and SimFed (FedFac's tau is a threshold name: "95%", "mean")
+    tau: float | str | None = None
+
+
+class _Settings(RunSettings):
+    method: _Method = Field(default_factory=_Method)
 
 
 class StudyRun(DatasetKey):
@@ -56,7 +69,7 @@ class StudyRun(DatasetKey):
 
     # null (NaN) for a client without test data
     per_client_accuracy: list[ClientAccuracy]
-    config: RunSettings = Field(default_factory=RunSettings)
+    config: _Settings = Field(default_factory=_Settings)
 
 
 @dataclass
@@ -119,6 +132,7 @@ def study_figures(summaries: Sequence[str | Path], out_dir: str | Path, title: s
     # everything that can fail on bad input is read before the first figure is written
     reps = _representatives(study)
     sims = {scenario: heatmaps.load_similarity(run["dir"]) for scenario, run in reps.items()}
+    spread = _spread_rows(study)
     decomp = _decomp_rows(study)
     elora = elora_data([d / "summary.json" for d in study.runs["dir"]])[0] if _has_sweep(study) else None
 
@@ -131,12 +145,16 @@ def study_figures(summaries: Sequence[str | Path], out_dir: str | Path, title: s
         figures["similarity"] = lambda: _similarity_figure(reps, sims)
     if any(sim.counts is not None for sim in sims.values()):
         figures["matching"] = lambda: _matching_figure(reps, sims)
+    if not spread.empty:
+        figures["similarity_spread"] = lambda: _spread_figure(study, spread, styles)
     titles = {
         "accuracy_rounds": "mean client accuracy per round (mean ± std over seeds)",
         "accuracy_bytes": "mean client accuracy against bytes sent (mean ± std over seeds)",
         "per_client": "each client's accuracy at the last round",
         "similarity": "cosine similarity between clients (one run per scenario)",
         "matching": "how often each client mixed in each other client (one run per scenario)",
+        "similarity_spread": "similarity between distinct clients per round against tau (seeds pooled; line: "
+                             "median, band: 10-90 %, dotted: max, dashed: tau)",
         "decomp": "FedDecomp's sigma and tau diagnostics per round (mean ± std over seeds)",
         "elora": "reported accuracy against E_lora (mean ± std over seeds)",
     }
@@ -178,6 +196,35 @@ def _representatives(study: Study) -> dict[str, pd.Series]:
             reps[scenario] = min(candidates, key=lambda r: (not heatmaps.logged(r["dir"], heatmaps.COUNTS),
                                                             order[r["method"]], r["seed"]))
     return reps
+
+
+def _matched_on(run_dir: Path) -> str | None:
+    """The similarity a run's clients were matched on: SimFed's embeddings z, else Factorized-FL's v."""
+    return next((name for name in ("similarity_z", "similarity_v") if heatmaps.logged(run_dir, name)), None)
+
+
+def _spread_rows(study: Study) -> pd.DataFrame:
+    """Per scenario, method and round: the quantiles SPREAD and the max of the similarities between
+    distinct clients (seeds pooled) the method matched on, its tau and the similarity's name."""
+    rows = []
+    for (scenario, method), runs in study.runs.groupby(["scenario", "method"], sort=False):
+        named = [(run["dir"], name) for _, run in runs.iterrows() if (name := _matched_on(run["dir"]))]
+        if not named:
+            continue
+        pooled: dict[int, list[np.ndarray]] = {}
+        for run_dir, name in named:
+            for r in heatmaps.available_rounds(run_dir)[name]:  # every round, each file checked
+                m = heatmaps.load_matrix(run_dir, name, r)
+                pooled.setdefault(r, []).append(m[~np.eye(len(m), dtype=bool)])
+        taus = {tau for _, run in runs.iterrows() if isinstance(tau := run["config"].method.tau, float)}
+        for r, parts in sorted(pooled.items()):
+            others = np.concatenate(parts)
+            others = others[np.isfinite(others)]  # NaN: a client without an upload yet
+            if len(others):
+                rows.append({"scenario": scenario, "method": method, "round": r, "name": named[0][1],
+                             "taus": sorted(taus), "max": others.max(),
+                             **{q: np.quantile(others, q) for q in SPREAD}})
+    return pd.DataFrame(rows)
 
 
 def _decomp_rows(study: Study) -> pd.DataFrame | None:
@@ -312,6 +359,30 @@ def _similarity_figure(reps: dict[str, pd.Series], sims: dict[str, heatmaps.Simi
             ax.set_ylabel(f"{_run_label(reps[scenario])}\nclient" if j == 0 else "client",
                           fontsize="small" if j == 0 else None)
     fig.colorbar(im, ax=axes.ravel().tolist(), label="cosine similarity (grey: not uploaded yet)", shrink=0.6)
+    return fig
+
+
+def _spread_figure(study: Study, spread: pd.DataFrame, styles: dict):
+    """A panel per scenario, per method the spread of its matched-on similarity per round: median
+    line, 10-90 % band, dotted max, and its tau as a dashed level (a client matches another only
+    where the similarity reaches it)."""
+    scenarios = [s for s in study.scenarios if (spread.scenario == s).any()]
+    plt, fig, axes = panel_grid(len(scenarios), 4.4, 3.3)
+    low, mid, high = SPREAD
+    for ax, scenario in zip(axes.flat, scenarios):
+        for method, d in spread[spread.scenario == scenario].groupby("method", sort=False):
+            style = styles[method]
+            name = heatmaps.SIMILARITIES[d["name"].iloc[0]]
+            ax.plot(d["round"], d[mid], label=f"{method} ({name})", **style)
+            ax.fill_between(d["round"], d[low], d[high], color=style["color"], alpha=0.2, linewidth=0)
+            ax.plot(d["round"], d["max"], color=style["color"], linestyle=":", linewidth=1)
+            for tau in d["taus"].iloc[0]:
+                ax.axhline(tau, color=style["color"], linestyle="--", linewidth=1.2, label=f"{method}: tau {tau:g}")
+        ax.set_title(f"{scenario} ({_seeds(study.runs[study.runs.scenario == scenario])})", fontsize="medium")
+        rounds_axis(ax)
+        ax.set_ylabel("cosine similarity, client pairs")
+        ax.grid(alpha=0.3)
+    legend_outside(fig, axes.flat, title="method (matched on)")
     return fig
 
 

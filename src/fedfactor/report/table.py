@@ -1,4 +1,4 @@
-"""Results tables: mean +- std over seeds, one row per method, one column per scenario."""
+"""Results tables: mean, spread and 95 % interval over seeds, one row per method, one column per scenario."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pandas as pd
 
 from ..errors import UsageError
 from ..io import atomic_write_text
+from .cells import t_interval
 from .runs import TableRun, find_summaries, read_summary
 from .spec import PROTOCOL_WORDS, SMOKE_TITLE
 
@@ -34,25 +35,34 @@ def collect(paths: list[str | Path]) -> pd.DataFrame:
 
 
 def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per (scenario, method): seeds, mean and std (ddof=0 so one seed gives 0) of each metric."""
+    """Per (scenario, method): seeds, and of each metric the mean and the sample std over seeds (ddof 1,
+    NaN for one seed); of the reported accuracy also the 95 % t interval of the mean (NaN for one seed)."""
     g = runs.groupby(["scenario", "method", "test_pool", "eval_model", "report"], sort=False)
     out = g.agg(
-        seeds=("seed", "nunique"),
         accuracy=("accuracy", "mean"),
-        accuracy_sd=("accuracy", lambda s: s.std(ddof=0)),
+        accuracy_sd=("accuracy", "std"),
+        accuracy_ci_low=("accuracy", lambda s: t_interval(s.dropna())[0]),
+        accuracy_ci_high=("accuracy", lambda s: t_interval(s.dropna())[1]),
+        seeds=("seed", "nunique"),
         accuracy_mean=("accuracy_mean", "mean"),
-        accuracy_std=("accuracy_mean", lambda s: s.std(ddof=0)),
+        accuracy_std=("accuracy_mean", "std"),
         accuracy_best_mean=("accuracy_best_mean", "mean"),
-        accuracy_best_std=("accuracy_best_mean", lambda s: s.std(ddof=0)),
+        accuracy_best_std=("accuracy_best_mean", "std"),
         bytes_total=("bytes_total", "mean"),
     )
     return out.reset_index()
 
 
+def _cell(r) -> str:
+    """`95.56 +- 1.83 [93.9, 97.2] (n=5)` in %; one seed has neither spread nor interval."""
+    if pd.isna(r.accuracy_sd):
+        return f"{100 * r.accuracy:.2f} (n={r.seeds}, no interval)"
+    return (f"{100 * r.accuracy:.2f} +- {100 * r.accuracy_sd:.2f} "
+            f"[{100 * r.accuracy_ci_low:.1f}, {100 * r.accuracy_ci_high:.1f}] (n={r.seeds})")
 
 
 def cells(agg: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """Header and rows: reported accuracy (%) mean +- std over seeds per scenario, cost in GB (1e9 bytes)."""
+    """Header and rows: reported accuracy (%) per scenario as `_cell` shows it, cost in GB (1e9 bytes)."""
     scenarios = list(dict.fromkeys(agg["scenario"]))
     cell = {(r.scenario, r.method): r for r in agg.itertuples()}
     rows = []
@@ -60,18 +70,20 @@ def cells(agg: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         row = [m]
         for s in scenarios:
             r = cell.get((s, m))
-            row.append("-" if r is None else f"{100 * r.accuracy:.2f} +- {100 * r.accuracy_sd:.2f} ({r.seeds})")
+            row.append("-" if r is None else _cell(r))
         # One number when every scenario costs the same; a range when, e.g., local heads send less.
         gb = agg.loc[agg["method"] == m, "bytes_total"] / 1e9
-        row.append(f"{gb.min():.4f}" if gb.min() == gb.max() else f"{gb.min():.4f} - {gb.max():.4f}")
+        low, high = f"{gb.min():.4f}", f"{gb.max():.4f}"  # equal as shown: one number, not "x - x"
+        row.append(low if low == high else f"{low} - {high}")
         rows.append(row)
     return ["method", *scenarios, "cost [GB]"], rows
 
 
 def caption(agg: pd.DataFrame) -> str:
     return (f"Accuracy [%]: mean over clients, each client's {_words(agg, 'eval_model')} scored "
-            f"{_words(agg, 'test_pool')}, {_words(agg, 'report')}; mean +- std over seeds (seeds per cell in "
-            "brackets). Cost = bytes sent up and down, summed over the run.")
+            f"{_words(agg, 'test_pool')}, {_words(agg, 'report')}; mean over seeds +- their sample standard "
+            "deviation (ddof 1) [95 % confidence interval of the mean, Student t with n - 1 degrees of freedom] "
+            "(n = seeds); one seed has neither. Cost = bytes sent up and down, summed over the run.")
 
 
 def to_markdown(agg: pd.DataFrame, title: str, notes: list[str] = ()) -> str:

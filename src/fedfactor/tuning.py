@@ -1,0 +1,211 @@
+"""Hyperparameter tuning on validation data: the grid each method searches, the selection, the file
+of chosen values a study reads (docs/tuning.md).
+
+A study's `tuning` section names a budget, `points` grid points per method, and each method's grid:
+`common` keys every method searches (the learning rate), then the method's own (`methods.<label>`),
+expanded by scikit-learn's ParameterGrid. Every method must come to exactly `points` points, so every
+method gets the same budget (points x rounds x seeds). A key with a dot is a run-config key
+(`fl.lr`), one without is a method hyperparameter (`tau`).
+
+`snakemake tune` trains every point on the tuning seeds (rules/tune.smk); `select` scores each point
+by its validation accuracy alone (`val_score`), averaged over the tuning seeds, and keeps the best per
+scenario and method. The chosen values go to `tuning.file` in the repository with their provenance
+(the grid, every point's score, the commit, the command); the study's final runs read them from there
+(`tuned_entry`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import subprocess
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from .errors import UsageError
+from .io import atomic_write_text
+
+FILE_VERSION = 1
+# The validation number a run is scored by, as summary.json holds it (simulator.summarize): under
+# eval.report=last the last round's mean validation accuracy, under best/best_weighted/best_val its
+# best round's. The test split is never read.
+SCORE = "val_score"
+
+
+def space(tuning: dict[str, Any], label: str) -> dict[str, list]:
+    """The keys and values `label` searches: `common`, the method's own keys on top."""
+    return {**(tuning.get("common") or {}), **((tuning.get("methods") or {}).get(label) or {})}
+
+
+def points(tuning: dict[str, Any], label: str) -> list[dict[str, Any]]:
+    """The grid points of `label`, in ParameterGrid's order (keys sorted, the last varying fastest)."""
+    from sklearn.model_selection import ParameterGrid
+
+    grid = space(tuning, label)
+    return list(ParameterGrid(grid)) if grid else []
+
+
+def check(tuning: dict[str, Any], labels: Iterable[str], listed: Iterable[str]) -> None:
+    """Every method the study runs (`labels`) searches exactly `points` points, over keys it can take;
+    `tuning.methods` names only methods the study lists."""
+    budget = tuning["points"]
+    unknown = sorted(set(tuning.get("methods") or {}) - set(listed))
+    if unknown:
+        raise UsageError(f"tuning.methods names {', '.join(map(repr, unknown))}, which the study does not list")
+    for label in labels:
+        grid = space(tuning, label)
+        for key, values in grid.items():
+            if not isinstance(values, list) or not values:
+                raise UsageError(f"tuning: {label}'s {key!r} must be a non-empty list of values (got {values!r})")
+            if key.count(".") > 1 or key.startswith(".") or key.endswith("."):
+                raise UsageError(f"tuning: {label}'s key {key!r}: give a method hyperparameter (tau) or a run-config "
+                                 "key as section.key (fl.lr)")
+        n = len(points(tuning, label))
+        if n != budget:
+            sizes = " x ".join(f"{len(v)} {k}" for k, v in grid.items()) or "no key"
+            raise UsageError(f"tuning: {label} searches {n} points ({sizes}), but every method gets the same budget, "
+                             f"tuning.points = {budget}; give it a grid of {budget} points")
+
+
+def check_runs_alike(configs: dict[str, Any]) -> None:
+    """The same budget also in training: every method's tuning runs (label -> a loaded Config) have
+    the same rounds, local epochs and clients."""
+    def budget(cfg: Any) -> tuple[int, int, int]:
+        return cfg.fl.rounds, cfg.fl.epochs, cfg.fl.clients
+
+    first, *rest = configs.items()
+    for label, cfg in rest:
+        if budget(cfg) != budget(first[1]):
+            raise UsageError(f"tuning: {label} trains {budget(cfg)} (rounds, epochs, clients), {first[0]} "
+                             f"{budget(first[1])}: every method gets the same budget; drop the method's own fl settings")
+
+
+def with_values(entry: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """A study's method entry with a point's values in it: `fl.lr` into `run`, `tau` into the method."""
+    out = {**entry, "run": {**(entry.get("run") or {})}}
+    for key, value in values.items():
+        if "." in key:
+            section, name = key.split(".")
+            out["run"][section] = {**(out["run"].get(section) or {}), name: value}
+        else:
+            out[key] = value
+    if not out["run"]:
+        del out["run"]
+    return out
+
+
+def point_name(i: int) -> str:
+    return f"p{i}"
+
+
+# ------------------------------------------------------------------------ selection
+
+def _score(summary_path: Path) -> tuple[float | None, str | None]:
+    """A tuning run's validation score, or None and why there is none."""
+    try:
+        summary = json.loads(summary_path.read_text())
+    except FileNotFoundError:
+        return None, "no summary: the run failed (its log says why)"
+    except (OSError, ValueError) as e:
+        return None, f"unreadable summary ({e})"
+    score = summary.get(SCORE)
+    if score is None or not math.isfinite(score):
+        return None, "no validation score: the run has no validation data"
+    return float(score), None
+
+
+def select(tuning: dict[str, Any], scenarios: list[str], labels: list[str], run_dir: Path,
+           provenance: dict[str, Any]) -> dict[str, Any]:
+    """The chosen values per scenario and method from the tuning runs under `run_dir`
+    (<scenario>/<label>/p<i>/seed<s>/summary.json), with every point's validation score.
+
+    A point's score is the mean over the tuning seeds; a point with a failed run (diverged, say) is
+    never chosen. Ties go to the earlier point of the grid.
+    """
+    seeds = [int(s) for s in tuning["seeds"]]
+    chosen: dict[str, Any] = {}
+    for scenario in scenarios:
+        chosen[scenario] = {}
+        for label in labels:
+            tried = []
+            for i, values in enumerate(points(tuning, label)):
+                scores, failed = [], []
+                for seed in seeds:
+                    score, why = _score(run_dir / scenario / label / point_name(i) / f"seed{seed}" / "summary.json")
+                    if score is None:
+                        failed.append(f"seed {seed}: {why}")
+                    else:
+                        scores.append(score)
+                tried.append({"values": values, "val_score": sum(scores) / len(scores) if not failed else None,
+                              "per_seed": scores, **({"failed": failed} if failed else {})})
+            ok = [t for t in tried if t["val_score"] is not None]
+            if not ok:
+                raise UsageError(f"tuning: every point of {label} in {scenario} failed; see its runs' logs under "
+                                 f"{run_dir / scenario / label}")
+            best = max(ok, key=lambda t: t["val_score"])  # the first of equal scores
+            chosen[scenario][label] = {"values": best["values"], "val_score": best["val_score"], "tried": tried}
+    return {"version": FILE_VERSION, **provenance,
+            "budget": {"points": tuning["points"], "rounds": provenance.get("rounds"), "seeds": seeds},
+            "score": "validation accuracy (mean over clients) at the round the study reports, mean over the "
+                     "tuning seeds; the test split is never read",
+            "grid": {label: space(tuning, label) for label in labels},
+            "chosen": chosen}
+
+
+def provenance(study: str, command: str, rounds: int | None) -> dict[str, Any]:
+    """Who made the chosen values: the study, the commit (and whether the tree had changes), the
+    command, the time."""
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"study": study, "commit": git("rev-parse", "HEAD"),
+            "uncommitted_changes": bool(status) if status is not None else None,
+            "command": command, "rounds": rounds,
+            "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+HEADER = ("# Hyperparameters chosen on validation data by `{command}` (docs/tuning.md).\n"
+          "# Written by fedfactor's tune_select step: do not edit by hand; tune again instead.\n")
+
+
+def write(doc: dict[str, Any], path: str | Path) -> None:
+    text = HEADER.format(command=doc.get("command") or "snakemake tune") + yaml.safe_dump(doc, sort_keys=False)
+    atomic_write_text(path, text)
+
+
+# ------------------------------------------------------------------------ reading them back
+
+def read_chosen(tuning: dict[str, Any], scenarios: list[str], labels: list[str]) -> dict[str, dict[str, dict]]:
+    """scenario -> label -> the chosen values, from `tuning.file`; every scenario and method the study
+    runs must be in it, tuned on the grid the study names now (otherwise: tune again)."""
+    from .config import load_yaml
+
+    path = Path(tuning["file"])
+    again = "run `snakemake tune` (with the study's --configfile) to tune again, or set tuning.use: false"
+    try:
+        doc = load_yaml(path.read_text(encoding="utf-8"), str(path))
+    except FileNotFoundError:
+        raise UsageError(f"tuning.file {path} does not exist: {again}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"tuning.file {path} cannot be read ({e})") from None
+    if not isinstance(doc, dict) or doc.get("version") != FILE_VERSION or not isinstance(doc.get("chosen"), dict):
+        raise UsageError(f"tuning.file {path} is not a file of chosen values (version {FILE_VERSION}); {again}")
+    out = {}
+    for scenario in scenarios:
+        out[scenario] = {}
+        for label in labels:
+            entry = (doc["chosen"].get(scenario) or {}).get(label)
+            if not isinstance(entry, dict) or not isinstance(entry.get("values"), dict):
+                raise UsageError(f"tuning.file {path} holds no chosen values for {label} in {scenario}; {again}")
+            if (doc.get("grid") or {}).get(label) != space(tuning, label):
+                raise UsageError(f"tuning.file {path}: {label} was tuned on another grid than the study's tuning "
+                                 f"section now gives; {again}")
+            out[scenario][label] = entry["values"]
+    return out

@@ -1,0 +1,167 @@
+"""Tuning on validation: equal budgets, selection on validation scores alone, the chosen values'
+file and its checks, a failed point as a result."""
+
+import json
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from fedfactor import tuning
+from fedfactor.config import load_config
+from fedfactor.errors import UsageError
+from fedfactor.job import train
+from fedfactor.workflow import method_sets
+
+from .conftest import TINY
+
+TUNING = {"file": "chosen.yaml", "seeds": [7, 8], "points": 4,
+          "common": {"fl.lr": [0.01, 0.03, 0.1, 0.3]},
+          "methods": {"simfed": {"fl.lr": [0.01, 0.1], "tau": [0.5, 0.9]}}}
+
+
+def test_grid_points_follow_parameter_grid_with_method_keys_on_top():
+    assert tuning.points(TUNING, "fedavg") == [{"fl.lr": v} for v in (0.01, 0.03, 0.1, 0.3)]
+    assert tuning.points(TUNING, "simfed") == [{"fl.lr": 0.01, "tau": 0.5}, {"fl.lr": 0.01, "tau": 0.9},
+                                               {"fl.lr": 0.1, "tau": 0.5}, {"fl.lr": 0.1, "tau": 0.9}]
+
+
+def test_every_method_gets_the_same_number_of_points():
+    tuning.check(TUNING, ["fedavg", "simfed"], ["fedavg", "simfed"])
+    bigger = {**TUNING, "methods": {"simfed": {"fl.lr": [0.01, 0.1, 1.0], "tau": [0.5, 0.9]}}}
+    with pytest.raises(UsageError, match=r"simfed searches 6 points \(3 fl.lr x 2 tau\).*tuning.points = 4"):
+        tuning.check(bigger, ["fedavg", "simfed"], ["fedavg", "simfed"])
+    with pytest.raises(UsageError, match="tuning.methods names 'fedprox'"):
+        tuning.check({**TUNING, "methods": {"fedprox": {}}}, ["fedavg"], ["fedavg", "simfed"])
+    with pytest.raises(UsageError, match="non-empty list"):
+        tuning.check({**TUNING, "common": {"fl.lr": []}}, ["fedavg"], ["fedavg", "simfed"])
+
+
+def test_the_default_study_gives_every_method_the_same_budget():
+    study = yaml.safe_load(open("config/config.yaml"))
+    t, methods = study["tuning"], study["methods"]
+    tuning.check(t, list(methods), list(methods))
+    assert {len(tuning.points(t, m)) for m in methods} == {t["points"]}
+    # and the same rounds, epochs and clients: no method's own `run` changes the training budget
+    tuning.check_runs_alike({m: load_config(study["run_config"], method_sets(tuning.with_values(e, p), m))
+                             for m, e in methods.items() for p in tuning.points(t, m)[:1]})
+
+
+def test_unequal_training_budgets_are_refused():
+    a, b = load_config(None, TINY), load_config(None, [*TINY, "fl.rounds=3"])
+    with pytest.raises(UsageError, match=r"b trains \(3, 1, 4\).*a \(2, 1, 4\)"):
+        tuning.check_runs_alike({"a": a, "b": b})
+
+
+def test_a_points_values_go_to_the_run_config_or_the_method():
+    entry = {"name": "simfed", "run": {"fl": {"on_divergence": "skip"}}}
+    assert tuning.with_values(entry, {"fl.lr": 0.1, "tau": 0.5}) == {
+        "name": "simfed", "tau": 0.5, "run": {"fl": {"on_divergence": "skip", "lr": 0.1}}}
+    assert tuning.with_values({"name": "fedavg"}, {"tau": 1}) == {"name": "fedavg", "tau": 1}
+    assert entry == {"name": "simfed", "run": {"fl": {"on_divergence": "skip"}}}  # not changed in place
+
+
+def _summaries(root, scores, rng=None):
+    """Tuning runs' summaries: scores[label][i] = (val per seed, test per seed); None: no summary."""
+    for label, per_point in scores.items():
+        for i, point in enumerate(per_point):
+            for seed, pair in zip(TUNING["seeds"], point or [None] * 2):
+                folder = root / "s" / label / f"p{i}" / f"seed{seed}"
+                folder.mkdir(parents=True, exist_ok=True)
+                if pair is None:
+                    continue
+                val, test = pair
+                if rng is not None:  # the test split scrambled: its numbers are anything
+                    test = rng.random()
+                (folder / "summary.json").write_text(json.dumps({"val_score": val, "accuracy": test,
+                                                                 "accuracy_mean": test}))
+
+
+def _choice(doc):
+    return {label: c["values"] for label, c in doc["chosen"]["s"].items()}
+
+
+def test_selection_reads_validation_only(tmp_path):
+    # fedavg: p1 best on validation, p3 best on test; simfed: p2 failed on one seed, p0 wins
+    scores = {"fedavg": [[(0.5, 0.9), (0.5, 0.9)], [(0.8, 0.1), (0.7, 0.1)], [(0.6, 0.5), (0.6, 0.5)],
+                         [(0.1, 0.99), (0.1, 0.99)]],
+              "simfed": [[(0.7, 0.1), (0.7, 0.1)], [(0.6, 0.9), (0.6, 0.9)], [(0.95, 0.9), None],
+                         [(0.2, 0.2), (0.2, 0.2)]]}
+    _summaries(tmp_path / "a", scores)
+    doc = tuning.select(TUNING, ["s"], ["fedavg", "simfed"], tmp_path / "a" / "s" / "..", {"rounds": {"s": 2}})
+    assert _choice(doc) == {"fedavg": {"fl.lr": 0.03}, "simfed": {"fl.lr": 0.01, "tau": 0.5}}
+    fedavg = doc["chosen"]["s"]["fedavg"]
+    assert fedavg["val_score"] == pytest.approx(0.75)
+    assert [t["val_score"] for t in fedavg["tried"]] == pytest.approx([0.5, 0.75, 0.6, 0.1])
+    failed = doc["chosen"]["s"]["simfed"]["tried"][2]
+    assert failed["val_score"] is None and "seed 8" in failed["failed"][0]
+    assert doc["grid"]["simfed"] == TUNING["common"] | TUNING["methods"]["simfed"]
+    # scrambling the test numbers changes no choice
+    for k in range(3):
+        _summaries(tmp_path / f"b{k}", scores, rng=random.Random(k))
+        assert _choice(tuning.select(TUNING, ["s"], ["fedavg", "simfed"], tmp_path / f"b{k}", {})) == _choice(doc)
+
+
+def test_a_method_whose_every_point_failed_is_refused(tmp_path):
+    _summaries(tmp_path, {"fedavg": [None] * 4})
+    with pytest.raises(UsageError, match="every point of fedavg in s failed"):
+        tuning.select(TUNING, ["s"], ["fedavg"], tmp_path, {})
+
+
+def test_chosen_values_round_trip_and_stale_files_are_refused(tmp_path):
+    scores = {m: [[(0.1 * (i + 1), 0.5)] * 2 for i in range(4)] for m in ("fedavg", "simfed")}
+    _summaries(tmp_path, scores)
+    t = {**TUNING, "file": str(tmp_path / "chosen.yaml")}
+    doc = tuning.select(t, ["s"], ["fedavg", "simfed"], tmp_path, tuning.provenance("toy", "snakemake tune", {}))
+    assert doc["command"] == "snakemake tune" and "commit" in doc and doc["study"] == "toy"
+    tuning.write(doc, t["file"])
+    assert tuning.read_chosen(t, ["s"], ["fedavg", "simfed"]) == {
+        "s": {"fedavg": {"fl.lr": 0.3}, "simfed": {"fl.lr": 0.1, "tau": 0.9}}}
+    with pytest.raises(UsageError, match="no chosen values for fedavg in other"):
+        tuning.read_chosen(t, ["other"], ["fedavg"])
+    with pytest.raises(UsageError, match="fedavg was tuned on another grid"):
+        tuning.read_chosen({**t, "common": {"fl.lr": [1, 2, 3, 4]}}, ["s"], ["fedavg"])
+    with pytest.raises(UsageError, match="does not exist: run `snakemake tune`"):
+        tuning.read_chosen({**t, "file": str(tmp_path / "none.yaml")}, ["s"], ["fedavg"])
+    (tmp_path / "bad.yaml").write_text("a: 1\n")
+    with pytest.raises(UsageError, match="is not a file of chosen values"):
+        tuning.read_chosen({**t, "file": str(tmp_path / "bad.yaml")}, ["s"], ["fedavg"])
+
+
+def _npz(path, y_test):
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(4), 40)
+    x = (rng.normal(size=(160, 1, 8, 8)) + y[:, None, None, None]).astype(np.float32)
+    np.savez(path, x=x, y=y, x_test=x[:60] + 0.1, y_test=y_test)
+
+
+def test_scrambled_test_labels_change_no_validation_score(tmp_path):
+    """The validation score a tuning run is selected on does not depend on the test split's labels."""
+    y_test = np.repeat(np.arange(4), 40)[:60]
+    _npz(tmp_path / "a.npz", y_test)
+    _npz(tmp_path / "b.npz", np.random.default_rng(1).permutation(y_test))
+    summaries = []
+    for name in ("a", "b"):
+        cfg = load_config(None, [*TINY, f"data.name=npz:{tmp_path / name}.npz", "data.split_mode=official",
+                                 "data.split=[0.8, 0.2, 0.0]", "fl.clients=2"])
+        summaries.append(train(cfg, tmp_path / f"run_{name}"))
+    a, b = summaries
+    assert a["val_score"] == b["val_score"] is not None
+    assert a["accuracy"] != b["accuracy"]  # the test labels did change what the test scores
+
+
+@pytest.mark.slow
+def test_train_runs_allow_failed_records_a_diverged_run_and_exits_0(tmp_path):
+    runs = [{"out": str(tmp_path / "ok"), "set": []}, {"out": str(tmp_path / "diverged"), "set": ["fl.lr=1e12"]}]
+    cmd = [sys.executable, "-m", "fedfactor", "train-runs", *[a for s in TINY for a in ("--set", s)],
+           "--runs", json.dumps(runs), "--done", str(tmp_path / "done.json"), "--threads", "1"]
+    failed = subprocess.run(cmd, capture_output=True, text=True)
+    assert failed.returncode == 1 and not (tmp_path / "done.json").exists()
+    allowed = subprocess.run([*cmd, "--allow-failed"], capture_output=True, text=True)
+    assert allowed.returncode == 0, allowed.stderr
+    done = json.loads((tmp_path / "done.json").read_text())
+    assert len(done["failed"]) == 1 and "diverged" in done["failed"][0]
+    assert (tmp_path / "ok" / "summary.json").exists() and not (tmp_path / "diverged" / "summary.json").exists()

@@ -1,0 +1,110 @@
+# Tuning on validation data (docs/tuning.md): every method of the study trains each point of its grid
+# (the study's `tuning` section, the same number of points for every method) on the tuning seeds;
+# tune_select keeps the point with the best validation score per scenario and method, and writes it
+# with its provenance to `tuning.file`, which the study's final runs read. `snakemake tune` runs it;
+# `all` never does.
+import sys
+
+from fedfactor.config import load_config
+
+TUNE_DIR = f"{STUDY_DIR}/tuning"
+TUNE_SEEDS = [int(s) for s in TUNING["seeds"]]
+# (method, point) pairs, `runs_per_job` of them to a job, like the training jobs
+TUNE_PAIRS = [(m, i) for m in METHODS for i in range(TUNING["points"])]
+TUNE_JOBS = [TUNE_PAIRS[i : i + PER_JOB] for i in range(0, len(TUNE_PAIRS), PER_JOB)]
+TUNING_EXPERIMENT = f"{MLFLOW_EXPERIMENT}-tuning"
+
+
+localrules:
+    mlflow_init_tuning,
+    tune_select,
+
+
+if workflow.is_main_process:
+    try:
+        for _s in SCENARIOS:
+            tuning.check_runs_alike({m: load_config(RUN_CONFIG, train_sets(_s, m, TUNE_SEEDS[0], tuning_entries(_s, m)[0], m))
+                                     for m in METHODS})
+    except UsageError as e:
+        stop(f"{STUDY_FILES}: {e}")
+
+
+def tune_job_runs(wildcards):
+    """The tuning runs of one job: each a point of a method's grid, in its own folder, labelled
+    METHOD@pI in MLflow (the tuning experiment)."""
+    out = []
+    for m, i in TUNE_JOBS[int(wildcards.job) - 1]:
+        run = f"{wildcards.scenario}/{m}/{tuning.point_name(i)}/seed{wildcards.seed}"
+        entry = tuning_entries(wildcards.scenario, m)[i]
+        out.append({"out": f"{TUNE_DIR}/runs/{run}", "log": f"{TUNE_DIR}/logs/{run}.log",
+                    "set": method_sets(entry, f"{m}@{tuning.point_name(i)}")})
+    return json.dumps(out)
+
+
+rule mlflow_init_tuning:
+    """The tuning runs' MLflow experiment (<the study's>-tuning), created once like the study's."""
+    output:
+        f"{RESULTS}/mlflow/{STUDY_FOLDER}-tuning.experiment_id",
+    params:
+        uri=MLFLOW_URI,
+        experiment=TUNING_EXPERIMENT,
+    log:
+        f"{STUDY_DIR}/logs/mlflow_init_tuning.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "fedfactor mlflow-init --uri {params.uri:q} --experiment {params.experiment:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule tune_train:
+    """Tuning runs of one scenario and seed, as the train rule trains the study's runs; a run that
+    fails (a diverged learning rate) is a result: its point is never chosen."""
+    input:
+        partition=f"{STUDY_DIR}/partitions/{{scenario}}/seed{{seed}}.json",
+        experiment=rules.mlflow_init_tuning.output[0],
+        run_config=RUN_CONFIG,
+    output:
+        f"{TUNE_DIR}/jobs/{{scenario}}/seed{{seed}}-{{job}}.json",
+    params:
+        sets=scenario_sets,
+        runs=tune_job_runs,
+        uri=MLFLOW_URI,
+    threads: config["threads_per_job"]
+    resources:
+        gpu=config["gpus_per_job"],
+    log:
+        f"{TUNE_DIR}/logs/jobs/{{scenario}}/seed{{seed}}-{{job}}.log",
+    benchmark:
+        f"{TUNE_DIR}/benchmarks/{{scenario}}/seed{{seed}}-{{job}}.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        TRAIN_COMMAND + " --allow-failed 2> {log:q}"
+
+
+rule tune_select:
+    """The best point per scenario and method on validation, written with every point's score, the
+    commit and the command to the study's tuning.file (in the repository: commit it)."""
+    input:
+        expand(f"{TUNE_DIR}/jobs/{{scenario}}/seed{{seed}}-{{job}}.json", scenario=SCENARIOS, seed=TUNE_SEEDS,
+               job=range(1, len(TUNE_JOBS) + 1)),
+    output:
+        TUNING["file"],
+    params:
+        study=lambda w: json.dumps({
+            "study": config["study"], "tuning": TUNING, "scenarios": SCENARIOS, "methods": METHODS,
+            "rounds": {s: load_config(RUN_CONFIG, scenario_run_sets(s)).fl.rounds for s in SCENARIOS},
+            "command": " ".join(["snakemake", *map(shlex.quote, sys.argv[1:])])}),
+        runs=f"{TUNE_DIR}/runs",
+    log:
+        f"{STUDY_DIR}/logs/tune_select.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "fedfactor tune-select --study {params.study:q} --runs {params.runs:q} --out {output:q} 2> {log:q}"
+
+
+rule tune:
+    """`snakemake tune`: tune every method of the study on validation (its own target)."""
+    input:
+        rules.tune_select.output,
