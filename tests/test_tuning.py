@@ -165,3 +165,21 @@ def test_train_runs_allow_failed_records_a_diverged_run_and_exits_0(tmp_path):
     done = json.loads((tmp_path / "done.json").read_text())
     assert len(done["failed"]) == 1 and "diverged" in done["failed"][0]
     assert (tmp_path / "ok" / "summary.json").exists() and not (tmp_path / "diverged" / "summary.json").exists()
+
+
+def test_provenance_names_the_commit_and_changes_besides_the_file_written(tmp_path, monkeypatch):
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("a = 1\n")
+    (tmp_path / "chosen.yaml").write_text("old\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "chosen.yaml").unlink()  # the step's own output, about to be written again
+    clean = tuning.provenance("s", "snakemake tune", {"a": 2}, "chosen.yaml")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert clean["commit"] == head and clean["uncommitted_changes"] is False and clean["rounds"] == {"a": 2}
+    (tmp_path / "code.py").write_text("a = 2\n")
+    assert tuning.provenance("s", "snakemake tune", {}, "chosen.yaml")["uncommitted_changes"] is True

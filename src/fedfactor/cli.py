@@ -128,7 +128,7 @@ def cmd_tune_select(args) -> None:
     except ValueError as e:
         raise UsageError(f"--study is not JSON ({e})") from None
     doc = tuning.select(spec["tuning"], spec["scenarios"], spec["methods"], Path(args.runs),
-                        tuning.provenance(spec["study"], spec["command"], spec["rounds"]))
+                        tuning.provenance(spec["study"], spec["command"], spec["rounds"], args.out))
     tuning.write(doc, args.out)
     for scenario, chosen in doc["chosen"].items():
         for label, c in chosen.items():
