@@ -117,6 +117,7 @@ def test_chosen_values_round_trip_and_stale_files_are_refused(tmp_path):
     t = {**TUNING, "file": str(tmp_path / "chosen.yaml")}
     doc = tuning.select(t, ["s"], ["fedavg", "simfed"], tmp_path, tuning.provenance("toy", "snakemake tune", {}))
     assert doc["command"] == "snakemake tune" and "commit" in doc and doc["study"] == "toy"
+    assert doc["budget"] == {"points": 4, "rounds": {}, "seeds": [7, 8]} and "rounds" not in doc
     tuning.write(doc, t["file"])
     assert tuning.read_chosen(t, ["s"], ["fedavg", "simfed"]) == {
         "s": {"fedavg": {"fl.lr": 0.3}, "simfed": {"fl.lr": 0.1, "tau": 0.9}}}

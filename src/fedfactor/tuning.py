@@ -147,7 +147,8 @@ def select(tuning: dict[str, Any], scenarios: list[str], labels: list[str], run_
                                  f"{run_dir / scenario / label}")
             best = max(ok, key=lambda t: t["val_score"])  # the first of equal scores
             chosen[scenario][label] = {"values": best["values"], "val_score": best["val_score"], "tried": tried}
-    return {"version": FILE_VERSION, **provenance,
+    made = {key: value for key, value in provenance.items() if key != "rounds"}
+    return {"version": FILE_VERSION, **made,
             "budget": {"points": tuning["points"], "rounds": provenance.get("rounds"), "seeds": seeds},
             "score": "validation accuracy (mean over clients) at the round the study reports, mean over the "
                      "tuning seeds; the test split is never read",
