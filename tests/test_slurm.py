@@ -63,6 +63,8 @@ def test_profile_is_a_slurm_workflow_profile():
     train = p["set-resources"]["train"]
     assert train["gpu"] == 1 and "gres" not in train and "gpu_model" not in train  # GPUs asked once
     assert train["cpus_per_task"] == p["set-threads"]["train"]
+    # tuning runs (`snakemake tune`) are training runs: the same resources and threads
+    assert p["set-resources"]["tune_train"] == train and p["set-threads"]["tune_train"] == p["set-threads"]["train"]
     for key in ("slurm_partition", "runtime", "mem_mb"):
         assert key in p["default-resources"]
 
