@@ -95,10 +95,6 @@ else:
 
     quiet_terminal(logger, workflow)
 
-    def tuning_asked():
-        """`snakemake tune`: the plan, live table and closing lines are the final runs', not its."""
-        return TUNING and {"tune", "tune_select"} & set(workflow.dag_settings.targets or ())
-
     onstart:
         if tuning_asked():
             print(f"fedfactor: tuning {len(TUNE_PAIRS) * len(SCENARIOS) * len(TUNE_SEEDS)} runs ({len(METHODS)} "

@@ -10,7 +10,7 @@ under `fl.on_divergence=skip`): exit 1 and `fedfactor: run failed: ...`.
 
 Each case runs as its own process with a timeout, in a fresh folder that is its working directory,
 and is classified as clean, traceback, wrong success (exit 0), hang (timeout), leftover (refused,
-but wrote something) or other (another exit status, or no one-line message). Study files are given
+but wrote something, or deleted what it must keep) or other (another exit status, or no one-line message). Study files are given
 to `snakemake -n` in the repository. The case table is also what tests/test_reliability.py runs,
 in-process (`run_in_process`).
 
@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -64,8 +65,9 @@ PREPARE = "prepare-data archives"
 COUNTS = "counts and bounds (hangs)"
 DEVICES = "devices"
 DIVERGENCE = "divergence"
+RERUN = "rerun of a finished run (a damaged kept checkpoint, run files that are no file)"
 CLASSES = [CONFIG, YAML, OUT, PARTITION, NPZ, STUDY, RUNFILES, WEIGHTS, IMPORT, PREPARE, COUNTS, DEVICES,
-           DIVERGENCE]
+           DIVERGENCE, RERUN]
 
 # The base of every training case: small and fast, so that a wrong success costs seconds.
 BASE = ["data.name=digits", "fl.clients=4", "tracking.enabled=false"]
@@ -75,6 +77,7 @@ TEMPLATE_RUN = [*BASE, "fl.rounds=2", "fl.epochs=1", "fl.batch_size=32", "fl.lr=
                 "scenario=s", "seed=0"]
 TEMPLATE_METHODS = ("fedavg", "fedfac")
 DAMAGED = "runs/s/fedfac/0"  # the run the damage goes into
+KEPT_RUN = [*TEMPLATE_RUN, "method.name=fedavg", "checkpoint.keep=true"]  # a finished run that kept its checkpoint
 STUDY_SPEC = {"study": "probe", "title": "Probe", "smoke": False, "seeds": [0], "scenarios": ["s"],
               "methods": {m: {"name": m, "implemented": True} for m in TEMPLATE_METHODS}, "paper": None,
               "claims": [{"id": "fac_over_avg", "claim": "FedFac beats FedAvg", "source": "probe", "kind": "order",
@@ -120,6 +123,7 @@ def build_templates(root: Path) -> Path:
         extra = ["method.tau=mean"] if method == "fedfac" else []
         _main(["train", *sets([*TEMPLATE_RUN, f"method.name={method}", *extra]),
                "--out", str(root / "runs/s" / method / "0")])
+    _main(["train", *sets(KEPT_RUN), "--out", str(root / "kept")])  # the RERUN cases' finished run
     _main(["partition", *sets(BASE), "--out", str(root / "partition.json")])
     _main(["study-spec", "--json", json.dumps(STUDY_SPEC), "--out", str(root / "study.json")])
     return root
@@ -169,6 +173,7 @@ class Case:
     needs_readonly: bool = False
     # expect 0 only: a regex the output must match (the command goes on and reports the damage)
     reported: str = ""
+    kept: tuple[str, ...] = ()  # paths (relative to the case folder) that must still exist: a finished result
 
     @property
     def snakemake(self) -> bool:
@@ -182,10 +187,10 @@ CASES: list[Case] = []
 
 
 def add(klass: str, name: str, argv, setup: Setup | None = None, expect: int = 2, forbidden=(),
-        reported: str = "") -> None:
+        reported: str = "", kept=()) -> None:
     argv = tuple(argv)
     CASES.append(Case(f"{klass.split()[0].lower()}/{name}", klass, argv, setup, expect, tuple(forbidden),
-                      any("{readonly}" in a for a in argv), reported))
+                      any("{readonly}" in a for a in argv), reported, tuple(kept)))
 
 
 def write(name: str, content: str | bytes) -> Setup:
@@ -276,6 +281,12 @@ add(CONFIG, "groups=[[99]] under iid", train("partition.kind=iid", "partition.gr
 add(CONFIG, "class_groups overlapping", train("partition.kind=class_groups", "partition.groups=[[0,1],[1,2]]",
                                               "partition.clients_per_group=2"))
 add(CONFIG, "shards classes_per_client=11", train("partition.kind=shards", "partition.classes_per_client=11"))
+# issue 39: one class a client's task (accuracy 1.0 +- 0 when trained), keys and values a config never holds
+add(CONFIG, "class_groups of one class each, permuted",
+    train("partition.kind=class_groups", "partition.groups=[[0],[1],[2],[3]]", "partition.clients_per_group=1",
+          "partition.permute_labels=true"))
+for item in ["fl={{a: 1}: 2}", "fl={[a]: 1}", "fl.rounds=!!binary MQ==", "method.bogus=1"]:
+    add(CONFIG, item, train(item))
 for uri in ["sqlite:///", "sqlite://", "''", "nosuch://x/y"]:
     add(CONFIG, f"tracking.uri={uri}", train("tracking.enabled=true", f"tracking.uri={uri}"),
         forbidden=["mlruns", "out"])
@@ -337,6 +348,16 @@ yaml_case("bad indentation", "fl:\n  rounds: 1\n   epochs: 2\n")
 add(YAML, "config is a folder", train(config="cfgdir"), lambda folder, t: (folder / "cfgdir").mkdir())
 add(YAML, "config does not exist", train(config="missing.yaml"))
 add(YAML, "config /dev/zero", train(config="/dev/zero"))
+# issue 39: keys that are lists or mappings, binary values, a null document, a config of 60,000 keys,
+# a named pipe (open() would block for ever)
+yaml_case("a key that is a list", "? [a]\n: 1\n")
+yaml_case("a key that is a mapping", "? {a: 1}\n: 2\n")
+yaml_case("a section's key that is a list", "fl: {[rounds]: 1}\n")
+yaml_case("rounds: !!binary MQ==", "fl: {rounds: !!binary MQ==}\n")
+yaml_case("document 'null'", "null\n")
+yaml_case("document '~'", "~\n")
+yaml_case("60,000 keys", "".join(f"k{i}: {i}\n" for i in range(60_000)))
+add(YAML, "config is a named pipe", train(config="cfg.fifo"), lambda folder, t: os.mkfifo(folder / "cfg.fifo"))
 
 # -- output paths ---------------------------------------------------------------------------
 
@@ -417,6 +438,8 @@ partition_case("duplicate key clients",
 partition_case("index 2**64", lambda d: d["clients"][0]["train"].append(2**64))
 partition_case("4 clients but fl.clients=5", lambda d: None, argv=train("partition.file=p.json", "fl.clients=5"))
 add(PARTITION, "partition.file is a folder", train("partition.file=pdir"), lambda folder, t: (folder / "pdir").mkdir())
+add(PARTITION, "partition.file is a named pipe", train("partition.file=p.fifo"),
+    lambda folder, t: os.mkfifo(folder / "p.fifo"))
 partition_case("cost reads a file that is not JSON", raw="{",
                argv=["fedfactor", "cost", *sets([*BASE, "partition.file=p.json"])])
 
@@ -461,6 +484,41 @@ np.save(_npy, np.zeros((400, 8, 8)))
 npz_case("a .npy, not an .npz", raw=_npy.getvalue())
 npz_case("truncated archive", raw=b"PK\x03\x04" + b"\x00" * 60)
 npz_case("empty file", raw=b"")
+
+
+# issue 39: sizes declared in the headers, memory estimated before loading, paths that are no file
+def _npy_header(shape: tuple[int, ...], descr: str) -> bytes:
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(out, {"descr": descr, "fortran_order": False, "shape": shape})
+    return out.getvalue()
+
+
+def _y_declares_1e13(folder: Path, t: Templates) -> None:
+    """y's header declares 10**13 labels on 8 bytes: a 73 TiB allocation if believed."""
+    x = io.BytesIO()
+    np.save(x, _images(np.random.default_rng(0))["x"])
+    with zipfile.ZipFile(folder / "d.npz", "w") as zf:
+        zf.writestr("x.npy", x.getvalue())
+        zf.writestr("y.npy", _npy_header((10**13,), "<i8") + bytes(8))
+
+
+def _expands_to_1_2_gb(folder: Path, t: Templates) -> None:
+    """1.2 GB of uint8 images deflated to about 1 MB: some 6 GB once the model's float32 copy is made."""
+    n, chunk = 1_200_000, memoryview(bytes(2**24))
+    with zipfile.ZipFile(folder / "d.npz", "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+        with zf.open("x.npy", "w", force_zip64=True) as f:
+            f.write(_npy_header((n, 32, 32), "|u1"))
+            for start in range(0, n * 1024, len(chunk)):
+                f.write(chunk[: n * 1024 - start])
+        y = io.BytesIO()
+        np.save(y, np.arange(n) % 10)
+        zf.writestr("y.npy", y.getvalue())
+
+
+add(NPZ, "y header declares 10**13 entries on 8 bytes", train("data.name=npz:d.npz"), _y_declares_1e13)
+add(NPZ, "expands to 1.2 GB of uint8", train("data.name=npz:d.npz"), _expands_to_1_2_gb)
+add(NPZ, "npz path is a folder", train("data.name=npz:d.npz"), lambda folder, t: (folder / "d.npz").mkdir())
+add(NPZ, "npz path is a named pipe", train("data.name=npz:d.npz"), lambda folder, t: os.mkfifo(folder / "d.npz"))
 
 # -- study files: `snakemake -n --configfile study.yaml`, in the repository -------------------
 
@@ -508,6 +566,11 @@ study_case("duplicate methods: key", text=(
     "scenarios: {a: {partition: {kind: iid}}}\nmethods: {fedavg: {name: fedavg}}\n"
     "methods: {prox: {name: fedprox, mu: -1}}\n"))
 study_case("study file holds false", text="false\n")
+# issue 39: a typo was taken for a method not implemented yet and got no jobs (exit 0); a results root
+# that is a file ended the DAG build in a NotADirectoryError
+study_case("method name with a typo beside a sound one",
+           lambda s: s.update(methods={"fedavg": {"name": "fedavg"}, "x": {"name": "fedavgg"}}))
+study_case("results is a file", extra=write("results", "not a folder\n"))
 
 # -- damaged run files: the reports ---------------------------------------------------------
 
@@ -734,6 +797,80 @@ for name, items in {
 }.items():
     add(DIVERGENCE, name, train(*items), expect=1)
 
+# -- rerun of a finished run: refused before anything in its folder is deleted ------------------
+
+
+def _kept(damage: Callable[[Path], object]) -> Setup:
+    """The finished run that kept its checkpoint, as run/, with `damage` applied to that folder."""
+    def setup(folder: Path, t: Templates) -> None:
+        shutil.copytree(t.root / "kept", folder / "run")
+        damage(folder / "run")
+    return setup
+
+
+class _Hostile:
+    """Unpickled, it creates the file it names: a checkpoint that runs code when loaded."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
+def _nan_checkpoint(run: Path) -> None:
+    """Every float of the clients' and the server's states NaN, saved as a sound checkpoint."""
+    import torch
+
+    def nan(obj):
+        if isinstance(obj, dict):
+            return {k: nan(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [nan(v) for v in obj]
+        return torch.full_like(obj, float("nan")) if torch.is_tensor(obj) and obj.is_floating_point() else obj
+
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
+    for part in ("states", "server"):
+        ckpt["simulator"][part] = nan(ckpt["simulator"][part])
+    torch.save(ckpt, run / "checkpoint.pt")
+
+
+def _replace(name: str, make: Callable[[Path], object]) -> Callable[[Path], None]:
+    def damage(run: Path) -> None:
+        (run / name).unlink()
+        make(run / name)
+    return damage
+
+
+def _save_hostile(path: Path) -> None:
+    import torch
+
+    torch.save(_Hostile(path.parent / "pwned"), path)
+
+
+def _plain_pickle(run: Path) -> None:
+    import pickle
+
+    (run / "checkpoint.pt").write_bytes(pickle.dumps({"version": 1}))
+
+
+_RERUN = ["fedfactor", "train", *sets(KEPT_RUN), "--out", "run"]
+_RERUN_RUNS = ["fedfactor", "train-runs", *sets(KEPT_RUN), "--runs", json.dumps([{"out": "run"}]), "--done", "d.json"]
+for name, damage in {
+    "truncated": _truncate("checkpoint.pt"),
+    "empty": _set_file("checkpoint.pt", b""),
+    "random bytes": _set_file("checkpoint.pt", np.random.default_rng(0).bytes(4096)),
+    "a folder": _replace("checkpoint.pt", Path.mkdir),
+    "a plain pickle": _plain_pickle,
+    "a hostile pickle": _replace("checkpoint.pt", _save_hostile),
+    "NaN weights": _nan_checkpoint,
+}.items():
+    add(RERUN, f"kept checkpoint {name}", _RERUN, _kept(damage), forbidden=["run/pwned"], kept=["run/summary.json"])
+for argv, name, make in [(_RERUN, "a folder", Path.mkdir), (_RERUN_RUNS, "a folder", Path.mkdir),
+                         (_RERUN_RUNS, "a named pipe", os.mkfifo)]:
+    add(RERUN, f"{argv[1]}: summary.json is {name}", argv, _kept(_replace("summary.json", make)),
+        forbidden=["d.json"], kept=["run/checkpoint.pt", "run/metrics.csv"])
+
 
 # --------------------------------------------------------------------------------------------
 # running and classifying
@@ -762,7 +899,8 @@ def classify(case: Case, status: int | None, output: str, stderr: str, new: list
     if status == 0:
         return "clean" if case.expect == 0 and re.search(case.reported, output) else "wrong success"
     forbidden = [p for p in case.forbidden if (folder / p).exists()]
-    if forbidden or (case.expect == 2 and new):
+    lost = [p for p in case.kept if not (folder / p).exists()]
+    if forbidden or lost or (case.expect == 2 and new):
         return "leftover"
     if case.snakemake:  # Snakemake exits 1 for every error
         # Snakemake prints its own lines around ours: our message names the study file; or it is the

@@ -424,3 +424,32 @@ def test_cost_refuses_more_rounds_than_it_replays_with_the_limit(capsys):
     assert main(["cost", *_sets(["fl.clients=20", "fl.rounds=100000"])]) == 2
     err = capsys.readouterr().err
     assert "2,000,000 updates, over the 500,000 it replays" in err and err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_a_stop_signal_after_the_summary_is_complete_exits_0(tmp_path, tiny):
+    # Snakemake and SLURM read 143 as a failed job: a finished one must not become that.
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "fedfactor.cli", "-q", "train", *_sets(tiny), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (out / "summary.json").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert f"-> {out}" in stdout
+
+
+@pytest.mark.slow
+def test_an_in_process_train_gives_the_callers_signal_handlers_back(tmp_path, tiny):
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    assert main(["train", *_sets(tiny), "--out", str(tmp_path / "run")]) == 0
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before

@@ -190,3 +190,74 @@ def test_class_groups_are_checked_under_every_partition_kind(setting):
 def test_a_tracking_uri_without_a_store_is_refused(uri):
     with pytest.raises(UsageError, match="tracking.uri"):
         load_config(None, [f"tracking.uri={uri}"])
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 39: bad input refused in one line before anything is read further
+
+
+@pytest.mark.parametrize("text", ["? [a]\n: 1\n", "? {a: 1}\n: 2\n", "fl: {[rounds]: 1}\n"])
+def test_a_key_that_is_a_list_or_a_mapping_is_one_line(text):
+    with pytest.raises(UsageError, match=r"^cfg: a key is a list or a mapping; config keys are names \(line"):
+        load_yaml(text, "cfg")
+
+
+def test_a_set_whose_value_has_a_mapping_as_a_key_is_one_line():
+    with pytest.raises(UsageError, match="^--set fl: a key is a list or a mapping"):
+        load_config(None, ["fl={{a: 1}: 2}"])
+
+
+@pytest.mark.parametrize("text", ["fl: {rounds: !!binary MQ==}\n", "!!binary aGVsbG8=\n"])
+def test_binary_values_are_refused_not_coerced(tmp_path, text):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(UsageError, match="a !!binary value"):
+        load_config(f)
+    with pytest.raises(UsageError, match="^--set fl.rounds: a !!binary value"):
+        load_config(None, ["fl.rounds=!!binary MQ=="])
+
+
+@pytest.mark.parametrize("text", ["null\n", "~\n", "--- null\n"])
+def test_a_null_document_is_refused_as_false_is(tmp_path, text):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(UsageError, match="must hold a mapping of sections, not null"):
+        load_config(f)
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "---\n"])
+def test_a_config_file_with_nothing_written_is_the_defaults(tmp_path, text):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    assert load_config(f) == load_config(None)
+
+
+def test_a_config_of_60000_keys_is_refused_fast_for_its_size(tmp_path):
+    import time
+
+    f = tmp_path / "c.yaml"
+    f.write_text("".join(f"k{i}: {i}\n" for i in range(60_000)))
+    start = time.monotonic()
+    with pytest.raises(UsageError, match="holds over 50,000 YAML keys and values as written") as err:
+        load_config(f)
+    assert "alias" not in str(err.value)
+    assert time.monotonic() - start < 2  # PyYAML's pure-Python loader took seconds to build it first
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_only_a_regular_file_is_read_as_a_config(tmp_path, kind):
+    import os
+
+    path = tmp_path / "c.yaml"
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()  # open() on a FIFO blocks for ever
+    expected = "is not a regular file" if kind == "fifo" else "is a folder"
+    with pytest.raises(UsageError, match=expected):
+        load_config(path)
+
+
+def test_a_hyperparameter_without_a_method_name_is_the_default_methods():
+    with pytest.raises(UsageError, match="^method 'fedavg' has no parameter 'bogus'; valid: none$"):
+        _checked(None, ["method.bogus=1"])
+    with pytest.raises(UsageError, match="^method 'fedprox' has no parameter 'bogus'; valid: mu$"):
+        _checked(None, ["method.name=fedprox", "method.bogus=1"])
+    assert _checked(None, ["method.mu=0.5", "method.name=fedprox"]).method == {"name": "fedprox", "mu": 0.5}

@@ -76,3 +76,22 @@ def test_an_output_of_the_wrong_kind_is_refused_and_nothing_is_left(tmp_path):
     check_output(tmp_path / "new" / "p.json", "file")
     check_output(tmp_path, "folder")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # the trial folder is gone
+
+
+def test_a_full_disk_names_the_file_and_leaves_the_old_one_and_no_temporary(tmp_path):
+    import errno
+
+    from fedfactor.io import full_disk_message
+
+    path = tmp_path / "out.txt"
+    atomic_write_text(path, "old")
+    with pytest.raises(OSError) as full:
+        with atomic_open(path) as f:
+            f.write(b"half")
+            try:  # as torch.save reports it: a RuntimeError raised while handling the write's OSError
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            except OSError:
+                raise RuntimeError("unexpected pos 64 vs 0")
+    assert full.value.errno == errno.ENOSPC and full.value.filename == str(path)
+    assert path.read_text() == "old" and os.listdir(tmp_path) == ["out.txt"]
+    assert full_disk_message(full.value).startswith(f"no space left to write {path} (")

@@ -1,8 +1,11 @@
 """A training job survives any kill: resume gives the uninterrupted result, for every method."""
 
+import contextlib
+import errno
 import json
 import logging
 import os
+import pickle
 import random
 import shutil
 import signal
@@ -558,3 +561,157 @@ def test_a_dropped_update_is_a_warning(tmp_path, monkeypatch, caplog):
     [partly] = summary["warnings"]
     assert partly.startswith("1 client update(s) diverged and were dropped") and ": round 2 client 1;" in partly
     assert partly in caplog.text
+
+
+# -- the run folder's safety: nothing finished is lost ------------------------------------------
+
+KEPT = ("fedavg", "checkpoint.keep=true")
+
+
+@pytest.fixture(scope="module")
+def kept_run(tmp_path_factory):
+    """A finished run that kept its checkpoint, for the reruns below to copy."""
+    out = tmp_path_factory.mktemp("kept") / "run"
+    train(_cfg(*KEPT), out)
+    return out
+
+
+def _copy(run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(run, out)
+    return out
+
+
+class _Hostile:
+    """Unpickled, it would create the marker file named in its argument."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def _nan_weights(path):
+    ckpt = torch.load(path, weights_only=True)
+
+    def nan(obj):
+        if torch.is_tensor(obj):
+            return torch.full_like(obj, float("nan")) if obj.is_floating_point() else obj
+        if isinstance(obj, dict):
+            return {k: nan(v) for k, v in obj.items()}
+        return [nan(v) for v in obj] if isinstance(obj, list) else obj
+
+    ckpt["simulator"]["states"] = nan(ckpt["simulator"]["states"])
+    ckpt["simulator"]["server"] = nan(ckpt["simulator"]["server"])
+    torch.save(ckpt, path)
+
+
+CHECKPOINT_DAMAGE = {
+    "truncated": lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
+    "empty": lambda p: p.write_bytes(b""),
+    "random bytes": lambda p: p.write_bytes(np.random.default_rng(0).bytes(4096)),
+    "zeros": lambda p: p.write_bytes(bytes(4096)),  # torch takes it for its legacy format
+    "a folder": lambda p: (p.unlink(), p.mkdir()),
+    "a plain pickle": lambda p: p.write_bytes(pickle.dumps({"version": 1})),
+    "a hostile pickle": lambda p: torch.save(_Hostile(p.parent / "pwned"), p),
+    "NaN weights": _nan_weights,
+}
+
+
+@pytest.mark.parametrize("damage", CHECKPOINT_DAMAGE)
+def test_a_damaged_kept_checkpoint_is_refused_and_the_finished_run_is_kept(tmp_path, kept_run, damage):
+    out = _copy(kept_run, tmp_path)
+    CHECKPOINT_DAMAGE[damage](out / CHECKPOINT)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".lock"}
+    with pytest.raises(UsageError) as refused:
+        train(_cfg(*KEPT), out)
+    message = str(refused.value)
+    assert str(out / CHECKPOINT) in message and "\n" not in message
+    # torch's advice to run what the file holds (weights_only=False, allowing its globals): never for a damaged file
+    assert "weights_only" not in message and "safe_globals" not in message
+    assert not (out / "pwned").exists()  # nothing was unpickled
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".lock"}
+    assert after == before  # summary.json included
+
+
+def test_a_nan_checkpoint_is_refused_naming_what_to_do(tmp_path, kept_run):
+    out = _copy(kept_run, tmp_path)
+    _nan_weights(out / CHECKPOINT)
+    with pytest.raises(UsageError, match=r"non-finite model weights .*delete it to start the run over"):
+        train(_cfg(*KEPT), out)
+
+
+def test_a_run_file_that_is_a_folder_is_refused_before_anything_is_written(tmp_path, kept_run):
+    out = _copy(kept_run, tmp_path)
+    (out / "summary.json").unlink()
+    (out / "summary.json").mkdir()
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(UsageError, match=r"summary.json is a folder; move it away"):
+        train(_cfg(*KEPT), out)
+    with pytest.raises(UsageError, match=r"summary.json is a folder; move it away"):
+        train_runs([(_cfg(*KEPT), out, None)])
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+def _full_disk(monkeypatch, site):
+    """ENOSPC at one write site of a run: `site` names the file whose write fails."""
+    import fedfactor.io as fio
+
+    def enospc():
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    if site == ".lock":  # the folder lock's pid line
+        real = fio.exclusive_lock
+
+        @contextlib.contextmanager
+        def lock(path, timeout=None):
+            with real(path, timeout) as f:
+                monkeypatch.setattr(f, "write", lambda text: (_ for _ in ()).throw(enospc()), raising=False)
+                yield f
+
+        monkeypatch.setattr(fio, "exclusive_lock", lock)
+    elif site == CHECKPOINT:  # inside torch.save, which reports it as a RuntimeError ("unexpected pos")
+        real_save = torch.save
+
+        class Full:
+            def __init__(self, f):
+                self.f = f
+
+            def write(self, data):
+                raise enospc()
+
+            def __getattr__(self, name):
+                return getattr(self.f, name)
+
+        monkeypatch.setattr(torch, "save", lambda obj, f, *a, **k: real_save(obj, Full(f), *a, **k))
+    else:  # the fsync of the file's temporary
+        real_fsync = os.fsync
+
+        def fsync(fd):
+            if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(f".{site}."):
+                raise enospc()
+            real_fsync(fd)
+
+        monkeypatch.setattr(fio.os, "fsync", fsync)
+
+
+@pytest.mark.parametrize("site", [".lock", "metrics.csv", CHECKPOINT, "summary.json"])
+def test_a_full_disk_is_one_line_and_a_rerun_finds_what_it_needs(tmp_path, kept_run, monkeypatch, site):
+    # A finished run re-summarised from its kept checkpoint writes the lock, metrics.csv and
+    # summary.json; a run from scratch writes the checkpoint.
+    out = _copy(kept_run, tmp_path) if site != CHECKPOINT else tmp_path / "run"
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".lock"} \
+        if out.exists() else {}
+    with monkeypatch.context() as mp:
+        _full_disk(mp, site)
+        with pytest.raises(RunFailed, match=rf"^no space left to write {out / site} \([\d.]+ \w?i?B free on its "
+                                            r"file system\); free some space and run the same command again$"):
+            train(_cfg(*KEPT), out)
+    assert not list(out.rglob("*.tmp"))
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name in before}
+    assert after == before  # summary.json and the checkpoint as they were
+    rerun = train(_cfg(*KEPT), out)
+    expected = json.loads((kept_run / "summary.json").read_text())
+    drop = TIMING | {"mlflow_run_id"}
+    assert {k: v for k, v in rerun.items() if k not in drop} == {k: v for k, v in expected.items() if k not in drop}

@@ -14,8 +14,8 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from fedfactor.errors import UsageError
-from fedfactor.workflow import (check_config_files, check_overrides, check_required_keys, check_runs, method_sets,
-                                run_sets, schema_problem)
+from fedfactor.workflow import (check_config_files, check_method_names, check_overrides, check_required_keys,
+                                check_results_folder, check_runs, implemented, method_sets, run_sets, schema_problem)
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = str(REPO / "workflow" / "schemas" / "config.schema.yaml")
@@ -218,3 +218,46 @@ def test_the_first_bad_run_is_named_among_many():
     study["scenarios"]["s3"]["fl"]["rounds"] = -3
     with pytest.raises(UsageError, match=r"^scenario 's3', method 'f': fl\.rounds: "):
         check_runs(DIGITS, _runs(study))
+
+
+# -- issue 39: a typo'd method name and a results root that is a file, refused at the DAG build ----
+
+
+def test_a_method_name_with_a_typo_is_refused_naming_the_nearest_methods():
+    study = _study(methods={"fedavg": {"name": "fedavg"}, "x": {"name": "fedavgg"}})
+    with pytest.raises(UsageError, match=r"^methods.x: no method is named 'fedavgg'; did you mean fedavg or "):
+        check_method_names(study)
+    with pytest.raises(UsageError, match="registered: agnostic_fl, "):  # nothing close: every name
+        check_method_names(_study(methods={"x": {"name": "qqqqqqq"}}))
+
+
+def test_a_method_not_implemented_yet_is_listed_with_a_marker_and_skipped():
+    study = _study(methods={"fedavg": {"name": "fedavg"}, "soon": {"name": "fedsoon", "implemented": False}})
+    check_method_names(study)
+    assert implemented(study, ["fedavg", "soon"]) == {"fedavg": True, "soon": False}
+    validate(copy.deepcopy(study), SCHEMA, set_default=True)  # the marker passes the study schema
+    with pytest.raises(UsageError, match=r"^methods.soon.implemented: true or false \(got 'no'\)"):
+        check_method_names(_study(methods={"soon": {"name": "fedsoon", "implemented": "no"}}))
+
+
+def test_the_implemented_marker_of_a_registered_method_is_no_hyperparameter():
+    assert method_sets({"name": "fedprox", "mu": 0.1, "implemented": True}, "p") == [
+        'method.name="fedprox"', "method.mu=0.1", 'label="p"']
+
+
+def test_every_study_names_registered_methods():
+    import yaml
+
+    for path in sorted((REPO / "config" / "studies").glob("*.yaml")) + [REPO / "config" / "config.yaml"]:
+        study = yaml.safe_load(path.read_text())
+        if "methods" in study:
+            check_method_names(study)
+
+
+def test_a_results_root_that_is_a_file_or_under_one_is_refused(tmp_path):
+    (tmp_path / "afile").write_text("x\n")
+    for results in (tmp_path / "afile", tmp_path / "afile" / "deeper"):
+        with pytest.raises(UsageError, match=f"^results: '{tmp_path / 'afile'}' is a file, not a folder"):
+            check_results_folder(str(results))
+    check_results_folder(str(tmp_path / "new" / "results"))  # made by the jobs
+    check_results_folder(str(tmp_path))

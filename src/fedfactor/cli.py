@@ -2,7 +2,8 @@
 
 Bad input of any kind (unknown names, impossible settings, corrupt files) ends with one line on
 stderr and exit status 2, before any output is written. A run that cannot go on (a diverging loss)
-exits 1; a training job stopped by SIGTERM or SIGINT checkpoints and exits 128 + the signal.
+exits 1; a training job stopped by SIGTERM or SIGINT checkpoints and exits 128 + the signal. Once a
+training job's results are complete it exits 0, whatever signal comes after.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from . import __version__
 from .errors import Interrupted, RunFailed, UsageError
 
 log = logging.getLogger("fedfactor")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -76,6 +80,7 @@ def cmd_train(args) -> None:
     cfg = _config(args)
     claim_gpus(args.gpus, args.gpu_locks)
     summary = train(cfg, Path(args.out))
+    _finished()
     print(f"{summary['scenario']}/{summary['method']}/seed{summary['seed']}: accuracy {summary['accuracy']:.4f} "
           f"({summary['protocol']['report']}, round {summary['accuracy_round']}; last {summary['accuracy_mean']:.4f} "
           f"+- {summary['accuracy_std']:.4f}, best {summary['accuracy_best_mean']:.4f} at round "
@@ -107,6 +112,7 @@ def cmd_train_runs(args) -> None:
                   + f" in {seconds:.1f} s -> {out}", flush=True)
 
     failures = train_runs(runs, finished, since=started)
+    _finished()
     if args.study:
         _live_figure(args.study)
     if failures and not args.allow_failed:
@@ -117,7 +123,18 @@ def cmd_train_runs(args) -> None:
     if args.done:
         from .io import atomic_write_json
 
-        atomic_write_json(args.done, {"runs": [str(out) for _, out, _ in runs], "failed": failures})
+        done = {"runs": [str(out) for _, out, _ in runs]}
+        atomic_write_json(args.done, {**done, "failed": failures} if args.allow_failed else done)
+
+
+def _finished() -> None:
+    """The job's results are complete: SIGTERM and SIGINT are ignored from here to the process's
+    exit (seconds, while torch and MLflow shut down), so that a late stop signal cannot turn a
+    finished job into exit 143, which Snakemake and SLURM count as a failed one. SIG_IGN, not a
+    Python handler: CPython puts Python handlers back to the default while it shuts down."""
+    if threading.current_thread() is threading.main_thread():
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
 
 
 def cmd_tune_select(args) -> None:
@@ -564,6 +581,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("fontTools").setLevel(logging.WARNING)  # matplotlib's PDF font subsetting chatters at INFO
+    handlers = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    try:
+        return _dispatch(args)
+    finally:
+        # _finished ignores stop signals until the process exits; a caller in the same process (argv
+        # given: tests, the probe) gets its own handlers back.
+        if argv is not None and threading.current_thread() is threading.main_thread():
+            for s, h in handlers.items():
+                if h is not None:
+                    signal.signal(s, h)
+
+
+def _dispatch(args) -> int:
     try:
         _check_args(args)
         args.func(args)

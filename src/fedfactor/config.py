@@ -13,6 +13,7 @@ papers leave open"); where they disagree (the evaluation protocol) each paper's 
 from __future__ import annotations
 
 import reprlib
+import stat
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -307,13 +308,15 @@ def _set_dotted(d: dict, dotted: str, value: Any) -> None:
     d[keys[-1]] = value
 
 
-class _DuplicateKey(yaml.constructor.ConstructorError):
-    pass
+class _Refused(yaml.constructor.ConstructorError):
+    """A YAML document that parses but is no config: reported with its line and column."""
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """yaml.safe_load's loader, refusing a key given twice in one mapping: PyYAML keeps the last
-    silently, so a second `fl:` block or `rounds: 1` then `rounds: 3` would win unnoticed."""
+    """yaml.safe_load's loader, refusing what a config never holds: a key given twice in one mapping
+    (PyYAML keeps the last silently, so a second `fl:` block or `rounds: 1` then `rounds: 3` would win
+    unnoticed), a key that is a list or a mapping (`? [a]`: unhashable, a TypeError in PyYAML), and
+    `!!binary` bytes (pydantic would coerce b"1" to the number 1)."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -321,19 +324,41 @@ class _StrictLoader(yaml.SafeLoader):
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: explicit keys may override it
                 continue
             key = self.construct_object(key_node, deep=True)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise _DuplicateKey(None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark)
+            if isinstance(key, (list, dict, set)):
+                raise _Refused(None, None, "a key is a list or a mapping; config keys are names", key_node.start_mark)
+            if key in seen:
+                raise _Refused(None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
 
+    def construct_yaml_binary(self, node):
+        raise _Refused(None, None, "a !!binary value; config values are text, numbers, lists or mappings",
+                       node.start_mark)
+
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping)
+_StrictLoader.add_constructor("tag:yaml.org,2002:binary", _StrictLoader.construct_yaml_binary)
 
 # Values a YAML document may expand to, aliases counted at every use: ours hold a few hundred,
 # and an alias bomb (each level repeating the one before) holds billions that every later walk
 # of the config would visit.
 MAX_YAML_VALUES = 100_000
+# YAML events (scalars, starts and ends of mappings) a document may hold as written, counted by
+# libyaml before PyYAML's slow loader builds it: the largest file here (a tuned study's chosen values)
+# holds under 2,000, and a 60,000-key file would otherwise take seconds to build before its refusal.
+MAX_YAML_EVENTS = 50_000
 MAX_CONFIG_BYTES = 2**20
+_FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _too_many_events(text: str) -> bool:
+    try:
+        for n, _ in enumerate(yaml.parse(text, Loader=_FAST_LOADER)):
+            if n >= MAX_YAML_EVENTS:
+                return True
+    except yaml.YAMLError:  # the strict loader reports it, in its own words
+        pass
+    return False
 
 
 def _too_many_values(doc: Any, budget: int = MAX_YAML_VALUES) -> bool:
@@ -353,10 +378,14 @@ def _too_many_values(doc: Any, budget: int = MAX_YAML_VALUES) -> bool:
 
 def load_yaml(text: str, source: str) -> Any:
     """A YAML document as Python values, safely (no tags that build objects); UsageError naming
-    `source` for invalid YAML, a key given twice, or a document of over MAX_YAML_VALUES values."""
+    `source` for invalid YAML, what _StrictLoader refuses, or a document of over MAX_YAML_EVENTS
+    keys and values as written or MAX_YAML_VALUES with its aliases expanded."""
+    if _too_many_events(text):
+        raise UsageError(f"{source} holds over {MAX_YAML_EVENTS:,} YAML keys and values as written; a config "
+                         "holds a few hundred")
     try:
         doc = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
-    except _DuplicateKey as e:
+    except _Refused as e:
         mark = e.problem_mark
         raise UsageError(f"{source}: {e.problem} (line {mark.line + 1}, column {mark.column + 1})") from None
     except yaml.YAMLError as e:
@@ -384,30 +413,52 @@ def parse_set(item: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def regular_file(path: str | Path, what: str, missing: str = "") -> Path:
+    """`path` as a Path once it is a regular file; otherwise one UsageError saying what it is (and
+    `missing` after "does not exist"). Only regular files are opened: open() on a named pipe blocks
+    until a writer comes, for ever."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise UsageError(f"{what} {str(path)!r} does not exist{missing}") from None
+    except OSError as e:
+        raise UsageError(f"{what} {str(path)!r} cannot be read: {' '.join(str(e).split())[:200]}") from None
+    if stat.S_ISDIR(mode):
+        raise UsageError(f"{what} {str(path)!r} is a folder, not a file")
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"{what} {str(path)!r} is not a regular file (a pipe, socket or device); give a file")
+    return path
+
+
 def read_mapping(path: str | Path | None) -> dict:
-    """A YAML config file as a dict ({} without a path, or for a file of comments only); every
-    failure is one UsageError."""
+    """A YAML config file as a dict ({} without a path, or for a file that is empty or holds
+    comments only); every failure is one UsageError."""
     if path is None:
         return {}
+    regular_file(path, "config file")
     try:
-        with open(path, "rb") as f:  # read at most a byte past the limit: /dev/zero never ends
+        with open(path, "rb") as f:  # read at most a byte past the limit: the file may grow meanwhile
             data = f.read(MAX_CONFIG_BYTES + 1)
         if len(data) > MAX_CONFIG_BYTES:
             raise UsageError(f"config file {str(path)!r} is over {MAX_CONFIG_BYTES // 2**20} MiB; a config is a few KiB")
         text = data.decode("utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"config file {str(path)!r} does not exist") from None
-    except IsADirectoryError:
-        raise UsageError(f"config file {str(path)!r} is a folder, not a YAML file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"config file {str(path)!r} cannot be read: {' '.join(str(e).split())[:200]}") from None
     raw = load_yaml(text, f"config file {str(path)!r}")
-    if raw is None:  # empty, or comments only
+    if raw is None and _nothing_written(text):
         return {}
     if not isinstance(raw, dict):
-        # `false`, `0` or `[]` would otherwise read as "no settings" and run on the defaults
-        raise UsageError(f"config file {str(path)!r} must hold a mapping of sections, not {_SHORT.repr(raw)}")
+        shown = "null" if raw is None else _SHORT.repr(raw)
+        raise UsageError(f"config file {str(path)!r} must hold a mapping of sections, not {shown}")
     return raw
+
+
+def _nothing_written(text: str) -> bool:
+    """An empty document (no text, comments only, a bare `---`): no settings. `null` or `~` written
+    out is refused as `false` or `0` are: each would otherwise read as "no settings" too."""
+    node = yaml.compose(text, Loader=_FAST_LOADER)
+    return node is None or (isinstance(node, yaml.ScalarNode) and node.value == "" and node.tag.endswith(":null"))
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> None:
@@ -434,8 +485,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
     raw = read_mapping(path)
     if isinstance(raw.get("method"), str):  # `method: fedavg` is short for `method: {name: fedavg}`
         raw["method"] = {"name": raw["method"]}
+    # the default method before the overrides: `--set method.bogus=1` alone is then FedAvg's bogus
+    # hyperparameter (which its build names), not a method section without a name
+    raw.setdefault("method", {"name": "fedavg"})
     apply_overrides(raw, overrides)
-    method = raw.setdefault("method", {"name": "fedavg"})
+    method = raw["method"]
     if not isinstance(method, dict) or not isinstance(method.get("name"), str):
         raise UsageError("config key 'method' must be a name or a mapping with a 'name'")
     return validated(Config, raw)

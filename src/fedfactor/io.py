@@ -7,12 +7,14 @@ Files are created with the mode the umask allows (group-readable under the usual
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import io
 import json
 import logging
 import os
 import random
+import shutil
 import socket
 import tempfile
 import time
@@ -27,24 +29,71 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 FILE_MODE = 0o666 & ~_UMASK
 TMP_SUFFIX = ".tmp"
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full disk, or the user's quota on it
+
+
+def no_space(error: BaseException) -> OSError | None:
+    """The full-disk OSError behind `error`, or None. torch.save reports its file's failed write as a
+    RuntimeError ("unexpected pos") whose context is that OSError, so the chain is searched."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError) and current.errno in NO_SPACE:
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+@contextlib.contextmanager
+def naming_full_disk(path: Path) -> Iterator[None]:
+    """A full disk met in the block is raised as an OSError that names `path`: a failed write or
+    fsync names no file, and torch.save hides the error in a RuntimeError."""
+    try:
+        yield
+    except Exception as e:
+        full = no_space(e)
+        if full is None:
+            raise
+        raise OSError(full.errno, full.strerror, str(path)) from None
+
+
+def full_disk_message(error: OSError) -> str:
+    """One line for a full disk: the file that could not be written and the space left beside it."""
+    folder = Path(error.filename or ".").parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    return (f"no space left to write {error.filename} ({_size(free)} free on its file system); free some space "
+            "and run the same command again")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 @contextlib.contextmanager
 def atomic_open(path: str | Path) -> Iterator[IO[bytes]]:
-    """A binary file object whose content replaces `path` only once the block completes."""
+    """A binary file object whose content replaces `path` only once the block completes; a full
+    disk is an OSError naming `path` (naming_full_disk), and leaves `path` as it was."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with naming_full_disk(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, FILE_MODE)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -84,8 +133,10 @@ def exclusive_lock(path: Path, timeout: float | None = None) -> Iterator[IO[str]
     kernel releases the lock when its holder dies, however it dies, so a killed job never leaves
     one behind. The first wait is logged with what the holder wrote into the file.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
+    with naming_full_disk(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a+")
+    with f:
         deadline = None if timeout is None else time.monotonic() + timeout
         waited = False
         while True:
@@ -110,11 +161,13 @@ def exclusive_lock(path: Path, timeout: float | None = None) -> Iterator[IO[str]
 def folder_lock(folder: Path) -> Iterator[None]:
     """One writer per output folder: a second job for the same folder (a re-run while a killed
     Snakemake's orphan still runs) waits instead of interleaving its files."""
-    with exclusive_lock(folder / ".lock") as f:
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        f.flush()
+    lock = folder / ".lock"
+    with exclusive_lock(lock) as f:
+        with naming_full_disk(lock):
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+            f.flush()
         yield
 
 

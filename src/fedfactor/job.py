@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import re
 import shutil
 import signal
 import sys
@@ -35,8 +36,8 @@ from .errors import Interrupted, RunFailed, UsageError
 from .simulator import ACCURACY_FIELDS, RoundRecord, Simulator, summarize
 from .models.layers import effective_weight, layer_entries
 from .methods import build
-from .io import (atomic_open, atomic_write_json, atomic_write_npy, atomic_write_text, check_output, folder_lock,
-                 remove_stale_temporaries)
+from .io import (NO_SPACE, atomic_open, atomic_write_json, atomic_write_npy, atomic_write_text, check_output,
+                 folder_lock, full_disk_message, remove_stale_temporaries)
 from .tracking import FINAL_KEYS, RUN_FILES, STATE_FILE, Tracker, log_to_run, run_identity
 
 log = logging.getLogger("fedfactor")
@@ -71,10 +72,71 @@ def load_checkpoint(path: Path, device: torch.device) -> dict:
         ckpt = torch.load(path, map_location=device, weights_only=True)
         if ckpt["version"] != CHECKPOINT_VERSION:
             raise ValueError(f"version {ckpt['version']}, this fedfactor reads {CHECKPOINT_VERSION}")
+        missing = [k for k in ("fingerprint", "simulator", "resumed") if k not in ckpt]
+        missing += [f"simulator.{k}" for k in ("round", "states", "server") if k not in ckpt.get("simulator", {})]
+        if missing:
+            raise ValueError(f"no {', '.join(missing)}")
         return ckpt
     except Exception as e:  # torch raises many types for a damaged or foreign file
-        reason = " ".join(str(e).split())[:200]
-        raise UsageError(f"checkpoint {path} cannot be resumed ({reason}); delete it to start the run over") from None
+        raise UsageError(f"checkpoint {path} cannot be resumed ({_load_failure(e)}); delete it to start the run "
+                         "over") from None
+
+
+def _load_failure(error: Exception) -> str:
+    """Why torch.load refused a file, without torch's advice to load it with weights_only=False or to
+    allow the globals it names: either runs code the file holds, and a damaged checkpoint is not a
+    file to trust."""
+    text = " ".join(str(error).split()) or type(error).__name__  # an empty file: a bare EOFError
+    if "weights_only" not in text:
+        return text[:200]
+    detail = re.search(r"(Trying to load unsupported GLOBAL \S+|WeightsUnpickler error: .*?|saved in the legacy "
+                       r"\.tar format)(?=\. | Please | Check the documentation|$)", text)
+    return "not a checkpoint of tensors and plain data" + (f": {detail[1][:150]}" if detail else "")
+
+
+def check_run_folder(out: Path) -> None:
+    """Refuse a run folder where one of the run's own files is not a regular file (a folder named
+    summary.json, a named pipe), before anything reads or replaces it: reading a pipe blocks for
+    ever, and replacing a folder fails halfway through a run."""
+    for name in (".lock", CHECKPOINT, FINGERPRINT, STATE_FILE, WEIGHTS, "config.yaml", "metrics.csv", "summary.json"):
+        path = out / name
+        if (path.exists() or path.is_symlink()) and not path.is_file():
+            what = "a folder" if path.is_dir() else "not a regular file"
+            raise UsageError(f"{path} is {what}; move it away (or use another --out) and run again")
+
+
+def _checked_checkpoint(path: Path, fp: dict, sim: Simulator) -> dict | None:
+    """The checkpoint to resume from, checked in full before anything in the folder is deleted (a
+    refused one leaves a finished run's summary.json as it was), or None when there is none."""
+    if not path.exists():
+        return None
+    ckpt = load_checkpoint(path, sim.device)
+    if ckpt["fingerprint"] != fp:
+        raise UsageError(f"{path} belongs to a different run ({_differences(ckpt['fingerprint'], fp)}); "
+                         "use another --out, or delete the checkpoint to start over")
+    # Refused rather than recomputed: a run never checkpoints a non-finite weight (a diverged update
+    # is dropped or stops the run), so this file is damaged, and whether to spend the run's time
+    # again, or to look at the file first, is the user's call.
+    weights = {name for name, _ in sim.model.named_parameters()}
+    state = ckpt["simulator"]
+    if not all(torch.isfinite(t).all() for t in _weight_tensors([state["states"], state["server"]], weights)):
+        raise UsageError(f"checkpoint {path} holds non-finite model weights (NaN or inf): it is damaged; delete it "
+                         "to start the run over")
+    return ckpt
+
+
+def _weight_tensors(obj: Any, names: set[str]) -> Iterator[torch.Tensor]:
+    """The floating-point tensors stored under a model parameter's name anywhere in `obj`. Other
+    entries may be non-finite by design (AgnosticFL's NaN "no loss yet")."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if key in names and torch.is_tensor(value) and value.is_floating_point():
+                yield value
+            else:
+                yield from _weight_tensors(value, names)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _weight_tensors(value, names)
 
 
 @contextlib.contextmanager
@@ -152,12 +214,19 @@ def train(cfg: Config, out: Path) -> dict[str, Any]:
     """Run (or resume) the training `cfg` describes in folder `out`; returns the summary."""
     cfg.method = build(cfg.method).spec  # as the run's config records it: every default filled in
     check_output(out, "folder")
+    check_run_folder(out)
     sim = Simulator(cfg)  # every check on the config and the data happens here, before any output
-    out.mkdir(parents=True, exist_ok=True)
-    # Signals are caught from here on: one arriving while the MLflow run opens still ends in a
-    # checkpoint and a KILLED run, at the first training step.
-    with folder_lock(out), stop_signals(sim):
-        return _train(cfg, out, sim)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        # Signals are caught from here on: one arriving while the MLflow run opens still ends in a
+        # checkpoint and a KILLED run, at the first training step.
+        with folder_lock(out), stop_signals(sim):
+            return _train(cfg, out, sim)
+    except OSError as e:
+        if e.errno not in NO_SPACE:
+            raise
+        # Every file is replaced atomically (io.atomic_open), so what a rerun needs is intact.
+        raise RunFailed(full_disk_message(e)) from None
 
 
 def finished_summary(cfg: Config, out: Path) -> dict[str, Any] | None:
@@ -207,6 +276,7 @@ def train_runs(runs: list[tuple[Config, Path, Path | None]],
     for cfg, out, _ in runs:  # every method is valid and every folder can be written, before any run starts
         cfg.method = build(cfg.method).spec
         check_output(out, "folder")
+        check_run_folder(out)
     failures = []
     clock = time.monotonic() if since is None else since
     for cfg, out, log_path in runs:
@@ -249,14 +319,15 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
         for name in (CHECKPOINT, STATE_FILE, "metrics.csv", WEIGHTS):
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(out / "diagnostics", ignore_errors=True)
-    (out / "summary.json").unlink(missing_ok=True)  # a stale summary must not survive a failed rerun
     ckpt_path = out / CHECKPOINT
+    ckpt = _checked_checkpoint(ckpt_path, fp, sim)
+    # A stale summary must not survive a failed rerun. A kept checkpoint of the last round (a
+    # finished run re-summarised) rewrites the same rounds, so its run's summary stays until the
+    # new one replaces it: a rerun that fails (a full disk) loses nothing finished.
+    if ckpt is None or ckpt["simulator"]["round"] < cfg.fl.rounds:
+        (out / "summary.json").unlink(missing_ok=True)
     resumed = []
-    if ckpt_path.exists():
-        ckpt = load_checkpoint(ckpt_path, sim.device)
-        if ckpt["fingerprint"] != fp:
-            raise UsageError(f"{ckpt_path} belongs to a different run ({_differences(ckpt['fingerprint'], fp)}); "
-                             "use another --out, or delete the checkpoint to start over")
+    if ckpt is not None:
         sim.load_state_dict(ckpt["simulator"])
         resumed = [*ckpt["resumed"], sim.round]
         log.info("resuming %s after round %d of %d", out, sim.round, cfg.fl.rounds)

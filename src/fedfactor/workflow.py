@@ -40,9 +40,11 @@ def run_sets(overrides: dict[str, Any], **top: Any) -> list[str]:
 
 def method_sets(entry: dict[str, Any], label: str) -> list[str]:
     """A study's method entry as `--set`s: its keys are the run config's `method` section, except
-    `run`, run-config overrides for this method's jobs alone (applied after the scenario's)."""
+    `run`, run-config overrides for this method's jobs alone (applied after the scenario's), and the
+    study's `implemented` marker."""
     entry = dict(entry)
     run = entry.pop("run", None) or {}
+    entry.pop("implemented", None)
     return run_sets({**run, "method": entry, "label": label})
 
 
@@ -139,10 +141,31 @@ def scenario_overrides(config: dict[str, Any], scenario: str) -> dict[str, Any]:
 
 def implemented(config: dict[str, Any], methods: list[str]) -> dict[str, bool]:
     """Method label -> whether its `name` is a registered method (a study may list a paper's
-    baselines before they exist; they are skipped with a note, never silently)."""
+    baselines before they exist, marked `implemented: false`; they are skipped with a note, never
+    silently)."""
     from .methods import METHODS
 
-    return {m: config["methods"][m]["name"] in METHODS for m in methods}
+    return {m: config["methods"][m]["name"] in METHODS and config["methods"][m].get("implemented", True) is not False
+            for m in methods}
+
+
+def check_method_names(config: dict[str, Any]) -> None:
+    """Every method the study lists is registered, or marked `implemented: false` (a paper's baseline
+    not written yet): a typo (`fedavgg`) would otherwise be taken for such a baseline and get no jobs,
+    without a word, and `snakemake -n` would pass."""
+    import difflib
+
+    from .methods import METHODS
+
+    for label, entry in config["methods"].items():
+        name, marker = entry["name"], entry.get("implemented", True)
+        if not isinstance(marker, bool):
+            raise UsageError(f"methods.{label}.implemented: true or false (got {marker!r})")
+        if marker and name not in METHODS:
+            close = difflib.get_close_matches(name, METHODS.names(), n=3)
+            hint = f"did you mean {' or '.join(close)}?" if close else f"registered: {', '.join(METHODS.names())}"
+            raise UsageError(f"methods.{label}: no method is named {name!r}; {hint} (a paper's method not "
+                             "implemented yet is listed with `implemented: false`)")
 
 
 def study_spec(config: dict[str, Any], scenarios: list[str], methods: dict[str, bool]) -> dict[str, Any]:
@@ -203,6 +226,16 @@ def check_config_files(paths: Sequence[str | Path]) -> None:
         if "study" in doc:
             raise UsageError(f"{path}: a second study (study: {doc['study']!r}) after {first}; give one study file, "
                              "then files that override its keys")
+
+
+def check_results_folder(results: str) -> None:
+    """The results root is a folder, or can be made one: a file there, or above it, would end the DAG
+    build in a NotADirectoryError from inside Snakemake."""
+    for folder in (Path(results), *Path(results).parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise UsageError(f"results: {str(folder)!r} is a file, not a folder; give a folder for the results")
+            return
 
 
 def check_required_keys(config: dict[str, Any]) -> None:

@@ -880,3 +880,66 @@ def test_synthetic_data_is_the_same_every_time_and_its_classes_differ():
 def test_synthetic_needs_a_registered_dataset_name(name):
     with pytest.raises(UsageError, match="name a registered dataset after 'synthetic:'"):
         dataset_info(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 39: an npz's declared sizes and memory checked from its headers before anything is loaded
+
+
+def _npy_bytes(header: dict, payload: bytes) -> bytes:
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(out, header)
+    return out.getvalue() + payload
+
+
+@pytest.mark.parametrize("key", ["x", "y", "x_test", "y_test"])
+def test_npz_headers_declaring_more_than_the_file_holds_are_refused(tmp_path, key):
+    arrays = {"x": np.zeros((4, 2, 2)), "y": np.arange(4) % 2, "x_test": np.zeros((2, 2, 2)), "y_test": np.arange(2)}
+    path = tmp_path / "d.npz"
+    with zipfile.ZipFile(path, "w") as zf:
+        for k, a in arrays.items():
+            if k == key:  # 10**13 entries declared on 8 bytes: a 73 TiB allocation if believed
+                shape = (10**13, *a.shape[1:])
+                zf.writestr(f"{k}.npy", _npy_bytes({"descr": "<i8", "fortran_order": False, "shape": shape}, b"\0" * 8))
+            else:
+                buf = io.BytesIO()
+                np.save(buf, a)
+                zf.writestr(f"{k}.npy", buf.getvalue())
+    for read in (dataset_info, load_dataset):
+        with pytest.raises(UsageError, match=f"the header of {key} declares shape .* but the file holds 8 bytes"):
+            read(f"npz:{path}")
+
+
+def test_an_npz_that_cannot_fit_in_memory_is_refused_before_loading(tmp_path, monkeypatch):
+    from fedfactor.data import datasets
+
+    path = tmp_path / "d.npz"
+    np.savez(path, x=np.zeros((100, 8, 8), np.uint8), y=np.arange(100) % 2)
+    # 6,400 bytes of pixels and 800 of labels as stored, 25,600 more as float32
+    monkeypatch.setattr(datasets, "_available_memory", lambda: 30_000)
+    read = datasets._read_npz
+
+    def labels_only(path, keys):
+        assert "x" not in keys, "the images were loaded before the memory check"
+        return read(path, keys)
+
+    monkeypatch.setattr(datasets, "_read_npz", labels_only)
+    with pytest.raises(UsageError, match=r"d.npz: its arrays take 0.00 GiB .* may take only 0.00 GiB more memory"):
+        load_dataset(f"npz:{path}")
+
+
+def test_the_memory_an_npz_may_take_respects_an_address_space_limit(monkeypatch):
+    import resource
+
+    from fedfactor.data import datasets
+
+    limit = 64 * 2**40
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, resource.RLIM_INFINITY))
+    mapped = int(Path("/proc/self/statm").read_text().split()[0]) * datasets.os.sysconf("SC_PAGE_SIZE")
+    assert datasets._available_memory() <= limit - mapped + 2**30  # the process may grow meanwhile
+
+
+def test_an_npz_path_that_is_a_folder_is_named_a_folder(tmp_path):
+    (tmp_path / "d.npz").mkdir()
+    with pytest.raises(UsageError, match="is a folder, not a file"):
+        dataset_info(f"npz:{tmp_path / 'd.npz'}")

@@ -939,3 +939,39 @@ def test_natural_partition_round_trips_through_its_file(tmp_path):
     loaded = Partition.load(tmp_path / "p.json")
     assert loaded == part and loaded.meta["natural_clients"] == part.meta["natural_clients"]
     loaded.validate(y, "p.json")
+
+
+# issue 39: class groups of one class each trained and reported accuracy 1.0000 +- 0
+@pytest.mark.parametrize("permute", [False, True])
+def test_tasks_of_a_single_class_are_refused(c10, permute):
+    spec = {"kind": "class_groups", "groups": [[c] for c in range(10)], "clients_per_group": 1,
+            "permute_labels": permute}
+    with pytest.raises(UsageError, match="every client's task has a single class"):
+        task_label_maps(spec, 10, 10)
+    y, splits = c10
+    with pytest.raises(UsageError, match="every client's task has a single class"):
+        make_partition(y, splits, 10, 10, spec, seed=0)
+
+
+def test_validate_refuses_a_partition_file_of_single_class_tasks(c10):
+    y, splits = c10
+    part = make_partition(y, splits, 10, 2, {"kind": "class_groups", "groups": [[0, 1], [2, 3]]}, seed=0)
+    part.validate(y, "p.json")
+    part.label_maps[:, [1, 3]] = -1  # an edited file: each client's task down to one class
+    part.num_classes = 1
+    with pytest.raises(UsageError, match="^p.json: every client's task has a single class"):
+        part.validate(y, "p.json")
+
+
+@pytest.mark.parametrize("kind, message", [("fifo", "is not a regular file"), ("folder", "is a folder"),
+                                           ("missing", "does not exist; create it first")])
+def test_only_a_regular_file_is_loaded_as_a_partition(tmp_path, kind, message):
+    import os
+
+    path = tmp_path / "p.json"
+    if kind == "fifo":
+        os.mkfifo(path)  # reading it would block until a writer comes
+    elif kind == "folder":
+        path.mkdir()
+    with pytest.raises(UsageError, match=f"^partition file '{path}' {message}"):
+        Partition.load(path)

@@ -35,6 +35,12 @@ def tuned_or_stop(wildcards):
     return []
 
 
+def tuning_asked():
+    """`snakemake tune`: the plan, live table and closing lines of the Snakefile are the final runs',
+    not the tuning's (known once the DAG is built: onstart and after)."""
+    return TUNING and {"tune", "tune_select"} & set(workflow.dag_settings.targets or ())
+
+
 def tuning_entries(scenario, method):
     """The method's entry at each of its tuning points (the study's own values underneath)."""
     return [tuning.with_values(method_entry(config, scenario, method), values)
@@ -73,8 +79,10 @@ try:
     MLFLOW_EXPERIMENT += STUDY_FOLDER[len(config["study"]):]
     check_overrides(config)
     SCENARIOS = selected(config, "scenarios")
-    # Methods a study lists before they are implemented (a paper's baselines) are skipped, and the
-    # tables, claims and report name them; they never fail the DAG unless no method is left.
+    # Methods a study lists before they are implemented (a paper's baselines, marked `implemented:
+    # false`) are skipped, and the tables, claims and report name them; they never fail the DAG unless
+    # no method is left. Any other name must be registered: a typo is refused, not skipped.
+    check_method_names(config)
     LISTED = implemented(config, list(config["methods"]))
     IMPLEMENTED = {m: LISTED[m] for m in selected(config, "methods")}
     METHODS = [m for m, ok in IMPLEMENTED.items() if ok]

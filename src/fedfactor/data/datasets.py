@@ -20,6 +20,10 @@ from __future__ import annotations
 import gzip
 import hashlib
 import logging
+import math
+import os
+import re
+import resource
 import shutil
 import tarfile
 import urllib.error
@@ -32,6 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from ..config import regular_file
 from ..devices import resolve_device
 from ..errors import UsageError
 from ..io import atomic_open
@@ -497,6 +502,7 @@ def _labels(y: Any) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 # npz:PATH: bring your own arrays
 
+_NPZ_KEYS = ("x", "y", "x_test", "y_test")
 _NPZ_HELP = (
     "an npz dataset holds x (N x H x W or N x C x H x W), y (N integer labels), optionally x_test and y_test"
 )
@@ -509,7 +515,8 @@ class _Npz(_Source):
 
     def arrays(self, arg: str, root: Path, download: bool) -> _Arrays:
         path = _npz_path(arg)
-        loaded = _read_npz(path, ("x", "y", "x_test", "y_test"))
+        _check_memory(path, _npz_headers(path))
+        loaded = _read_npz(path, _NPZ_KEYS)
         headers = {k: (v.shape, v.dtype) for k, v in loaded.items() if k.startswith("x")}
         _check_npz(arg, path, headers, {k: v for k, v in loaded.items() if k.startswith("y")})
         x = _as_nchw(loaded["x"])
@@ -531,10 +538,7 @@ class _Npz(_Source):
 def _npz_path(arg: str) -> Path:
     if not arg:
         raise UsageError("npz: needs a file path after the colon, e.g. npz:data/my_arrays.npz")
-    path = Path(arg).expanduser()
-    if not path.is_file():
-        raise UsageError(f"npz file {path} does not exist; pass an existing .npz file as npz:PATH")
-    return path
+    return regular_file(Path(arg).expanduser(), "npz file", "; pass an existing .npz file as npz:PATH")
 
 
 def _read_npz(path: Path, keys: Sequence[str]) -> dict[str, np.ndarray]:
@@ -554,26 +558,67 @@ def _read_npz(path: Path, keys: Sequence[str]) -> dict[str, np.ndarray]:
 
 
 def _npz_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """Shape and dtype of the x arrays from their .npy headers, without reading the data."""
+    """Shape and dtype of every array from its .npy header, without reading the data. An array whose
+    header declares more bytes than its entry in the archive holds is refused: np.load allocates
+    what the header declares before it reads (10**13 labels: a 73 TiB allocation error)."""
     out: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
     try:
         with zipfile.ZipFile(path) as zf:
-            for key in ("x", "x_test"):
+            for key in _NPZ_KEYS:
                 if f"{key}.npy" not in zf.namelist():
                     continue
-                with zf.open(f"{key}.npy") as fh:
+                entry = zf.getinfo(f"{key}.npy")
+                with zf.open(entry) as fh:
                     version = np.lib.format.read_magic(fh)
                     if version == (1, 0):
                         shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
                     elif version == (2, 0):
                         shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
-                    else:  # the rare utf-8 header format: fall back to reading the array
-                        arr = _read_npz(path, (key,))[key]
-                        shape, dtype = arr.shape, arr.dtype
-                out[key] = (tuple(shape), np.dtype(dtype))
+                    else:  # 3.0 is for structured dtypes with non-Latin-1 names, which are no images
+                        raise UsageError(f"{path}: {key} is saved in .npy format {version[0]}.{version[1]}; "
+                                         f"save plain numeric arrays with numpy.savez; {_NPZ_HELP}")
+                    stored = entry.file_size - fh.tell()
+                shape, dtype = tuple(shape), np.dtype(dtype)
+                declared = math.prod(shape) * dtype.itemsize
+                if declared > stored:
+                    raise UsageError(f"{path}: the header of {key} declares shape {shape} of {dtype} ({declared:,} "
+                                     f"bytes), but the file holds {stored:,} bytes of it; the file is damaged")
+                out[key] = (shape, dtype)
     except (zipfile.BadZipFile, ValueError, OSError) as err:
         raise UsageError(f"cannot read {path} as an .npz file ({_one_line(err)}); {_NPZ_HELP}") from None
     return out
+
+
+def _check_memory(path: Path, headers: dict[str, tuple[tuple[int, ...], np.dtype]]) -> None:
+    """Refuse, before loading, an npz whose arrays and the float32 copy of its images the model
+    trains on cannot fit in the memory this process may still take; loading it would end in the
+    allocator's error halfway."""
+    stored = sum(math.prod(shape) * dtype.itemsize for shape, dtype in headers.values())
+    need = stored + sum(4 * math.prod(headers[k][0]) for k in ("x", "x_test") if k in headers)
+    free = _available_memory()
+    if free is not None and need > free:
+        raise UsageError(f"{path}: its arrays take {stored / 2**30:.2f} GiB and their float32 images "
+                         f"{(need - stored) / 2**30:.2f} GiB more, but this process may take only {free / 2**30:.2f} "
+                         "GiB more memory; use a machine with more memory (or raise `ulimit -v`), or fewer samples")
+
+
+def _available_memory() -> int | None:
+    """Bytes this process may still allocate: the memory the kernel counts as available, and under an
+    address-space limit (`ulimit -v`) what is left below it; None where neither can be read."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+        free = int(re.search(r"MemAvailable:\s+(\d+) kB", meminfo)[1]) * 1024
+    except (OSError, TypeError):  # not Linux, or a kernel without MemAvailable
+        free = None
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit != resource.RLIM_INFINITY:
+        try:
+            mapped = int(Path("/proc/self/statm").read_text().split()[0]) * page
+        except OSError:
+            mapped = 0
+        free = limit - mapped if free is None else min(free, limit - mapped)
+    return free
 
 
 def _check_npz(

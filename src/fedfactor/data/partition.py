@@ -28,7 +28,7 @@ from typing import Any, Callable, NoReturn
 import numpy as np
 from pydantic import ValidationError
 
-from ..config import PartitionConfig, validation_message
+from ..config import PartitionConfig, regular_file, validation_message
 from ..errors import UsageError
 from ..io import atomic_write_text
 from ..registry import Registry
@@ -219,6 +219,7 @@ class Partition:
                 f"num_classes is {self.num_classes} but the largest client task has {largest} "
                 "classes; they must be equal"
             )
+        _check_outputs(self.num_classes, source)
 
         for s in SPLITS:
             idx, owner = self._stacked(s)
@@ -285,13 +286,10 @@ class Partition:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Partition:
+        regular_file(path, "partition file", "; create it first")
         try:
             doc = json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
             return cls._from_doc(doc)
-        except FileNotFoundError:
-            raise UsageError(
-                f"partition file {str(path)!r} does not exist; create it first"
-            ) from None
         # ValueError covers bad JSON and bad UTF-8 too; OverflowError is an int beyond int64;
         # RecursionError: arrays nested 10**5 deep
         except (OSError, ValueError, OverflowError, KeyError, TypeError, AttributeError, RecursionError) as e:
@@ -771,9 +769,18 @@ def _label_maps(spec: dict, num_classes: int, num_clients: int) -> tuple[np.ndar
     else:
         num_outputs = num_classes
         label_maps = np.tile(np.arange(num_classes, dtype=np.int64), (num_clients, 1))
+    _check_outputs(num_outputs)
     if spec["permute_labels"]:
         label_maps = _permute(label_maps, num_outputs, spec["permutation_seed"])
     return label_maps, num_outputs
+
+
+def _check_outputs(num_outputs: int, source: str = "partition") -> None:
+    """Refuse tasks of a single class: the model would have one output, every prediction right, and
+    the run would report accuracy 1.0 (as an npz dataset with one class is refused)."""
+    if num_outputs < 2:
+        raise UsageError(f"{source}: every client's task has a single class, so every prediction would be right "
+                         "(accuracy 1.0); give each client at least two classes (class groups of two or more)")
 
 
 def make_partition(
