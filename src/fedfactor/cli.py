@@ -145,7 +145,8 @@ def cmd_tune_select(args) -> None:
     except ValueError as e:
         raise UsageError(f"--study is not JSON ({e})") from None
     doc = tuning.select(spec["tuning"], spec["scenarios"], spec["methods"], Path(args.runs),
-                        tuning.provenance(spec["study"], spec["command"], spec["rounds"], args.out))
+                        tuning.provenance(spec["study"], os.environ.get(tuning.COMMAND_VARIABLE, "snakemake tune"),
+                                          spec["rounds"], args.out))
     tuning.write(doc, args.out)
     for scenario, chosen in doc["chosen"].items():
         for label, c in chosen.items():
@@ -436,7 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune-select", help="choose each method's hyperparameters on the tuning runs' validation "
                                            "scores; write the chosen values with their provenance (docs/tuning.md)")
     p.add_argument("--study", required=True, metavar="JSON",
-                   help='{"study", "tuning", "scenarios", "methods", "rounds", "command"} as the workflow passes it')
+                   help='{"study", "tuning", "scenarios", "methods", "rounds"} as the workflow passes it; the command '
+                        "that asked for it comes from $FEDFACTOR_TUNE_COMMAND")
     p.add_argument("--runs", required=True, metavar="DIR", help="the tuning runs: DIR/SCENARIO/METHOD/pI/seedS")
     p.add_argument("--out", required=True, help="the file of chosen values (the study's tuning.file)")
     p.set_defaults(func=cmd_tune_select)

@@ -33,6 +33,8 @@ FILE_VERSION = 1
 # eval.report=last the last round's mean validation accuracy, under best/best_weighted/best_val its
 # best round's. The test split is never read.
 SCORE = "val_score"
+# The environment variable the workflow names its command line in (tune_select's provenance).
+COMMAND_VARIABLE = "FEDFACTOR_TUNE_COMMAND"
 
 
 def space(tuning: dict[str, Any], label: str) -> dict[str, list]:

@@ -63,4 +63,4 @@ rule train:
     # study.smk's train_sets gives the DAG build's checks the same `--set`s in the same order: change
     # both together (tests/test_workflow.py compares them).
     shell:
-        TRAIN_COMMAND + " --study {params.study:q} 2> {log:q}"
+        f"{TRAIN_COMMAND} --study {{params.study:q}} 2> {{log:q}}"

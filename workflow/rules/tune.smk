@@ -3,42 +3,12 @@
 # tune_select keeps the point with the best validation score per scenario and method, and writes it
 # with its provenance to `tuning.file`, which the study's final runs read. `snakemake tune` runs it;
 # `all` never does.
-import sys
-
-from fedfactor.config import load_config
-
-TUNE_DIR = f"{STUDY_DIR}/tuning"
-TUNE_SEEDS = [int(s) for s in TUNING["seeds"]]
-# (method, point) pairs, `runs_per_job` of them to a job, like the training jobs
-TUNE_PAIRS = [(m, i) for m in METHODS for i in range(TUNING["points"])]
-TUNE_JOBS = [TUNE_PAIRS[i : i + PER_JOB] for i in range(0, len(TUNE_PAIRS), PER_JOB)]
-TUNING_EXPERIMENT = f"{MLFLOW_EXPERIMENT}-tuning"
+include: "tune_common.smk"
 
 
 localrules:
     mlflow_init_tuning,
     tune_select,
-
-
-if workflow.is_main_process:
-    try:
-        for _s in SCENARIOS:
-            tuning.check_runs_alike({m: load_config(RUN_CONFIG, train_sets(_s, m, TUNE_SEEDS[0], tuning_entries(_s, m)[0], m))
-                                     for m in METHODS})
-    except UsageError as e:
-        stop(f"{STUDY_FILES}: {e}")
-
-
-def tune_job_runs(wildcards):
-    """The tuning runs of one job: each a point of a method's grid, in its own folder, labelled
-    METHOD@pI in MLflow (the tuning experiment)."""
-    out = []
-    for m, i in TUNE_JOBS[int(wildcards.job) - 1]:
-        run = f"{wildcards.scenario}/{m}/{tuning.point_name(i)}/seed{wildcards.seed}"
-        entry = tuning_entries(wildcards.scenario, m)[i]
-        out.append({"out": f"{TUNE_DIR}/runs/{run}", "log": f"{TUNE_DIR}/logs/{run}.log",
-                    "set": method_sets(entry, f"{m}@{tuning.point_name(i)}")})
-    return json.dumps(out)
 
 
 rule mlflow_init_tuning:
@@ -79,7 +49,7 @@ rule tune_train:
     conda:
         CONDA_ENV
     shell:
-        TRAIN_COMMAND + " --allow-failed 2> {log:q}"
+        f"{TRAIN_COMMAND} --allow-failed 2> {{log:q}}"
 
 
 rule tune_select:
@@ -91,10 +61,7 @@ rule tune_select:
     output:
         TUNING["file"],
     params:
-        study=lambda w: json.dumps({
-            "study": config["study"], "tuning": TUNING, "scenarios": SCENARIOS, "methods": METHODS,
-            "rounds": {s: load_config(RUN_CONFIG, scenario_run_sets(s)).fl.rounds for s in SCENARIOS},
-            "command": " ".join(["snakemake", *map(shlex.quote, sys.argv[1:])])}),
+        study=tune_select_spec,
         runs=f"{TUNE_DIR}/runs",
     log:
         f"{STUDY_DIR}/logs/tune_select.log",
