@@ -453,3 +453,25 @@ def test_an_in_process_train_gives_the_callers_signal_handlers_back(tmp_path, ti
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     assert main(["train", *_sets(tiny), "--out", str(tmp_path / "run")]) == 0
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+class _Exited(Exception):
+    pass
+
+
+def test_a_refused_command_exits_at_once_and_an_in_process_call_returns(monkeypatch, capsys):
+    """As a program, a refusal ends the process right after its line (no seconds of torch teardown);
+    called in-process (tests, the probe) main returns the status instead."""
+    import fedfactor.cli as cli
+
+    def exit_now(code):
+        raise _Exited(code)
+
+    monkeypatch.setattr(cli.os, "_exit", exit_now)
+    refused = ["train", "--set", "fl.rounds=-1", "--out", "out"]
+    monkeypatch.setattr("sys.argv", ["fedfactor", *refused])
+    with pytest.raises(_Exited) as e:
+        main()
+    assert e.value.args == (2,)
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("fedfactor: error: fl.rounds")
+    assert main(refused) == 2  # in-process: returned, not exited

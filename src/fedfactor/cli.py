@@ -585,7 +585,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("fontTools").setLevel(logging.WARNING)  # matplotlib's PDF font subsetting chatters at INFO
     handlers = {s: signal.getsignal(s) for s in STOP_SIGNALS}
     try:
-        return _dispatch(args)
+        code = _dispatch(args)
+        if code == 2 and argv is None:
+            _exit_now(code)
+        return code
     finally:
         # _finished ignores stop signals until the process exits; a caller in the same process (argv
         # given: tests, the probe) gets its own handlers back.
@@ -593,6 +596,16 @@ def main(argv: list[str] | None = None) -> int:
             for s, h in handlers.items():
                 if h is not None:
                     signal.signal(s, h)
+
+
+def _exit_now(code: int) -> None:
+    """End a refused command at once. Nothing was written and nothing is left to clean up, while the
+    interpreter's teardown of torch (and MLflow, where imported) takes a second or more, and many
+    more on a loaded machine, after the one line has been printed."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _dispatch(args) -> int:
