@@ -159,7 +159,9 @@ def test_snakemake_commands_dry_run(command, workdir, tmp_path):
     argv = [str(workdir / a) if (workdir / a).is_file() else a for a in argv]
     ok, out = _snakemake_dry_run([*argv, "-n", "--config", f"results={tmp_path}"])
     assert ok, out[-3000:]
-    assert re.search(r"^train\s+\d+$", out, re.M), out[-3000:]
+    # training jobs: the study's, or the tuning's for `snakemake tune`
+    assert re.search(r"^(tune_)?train\s+\d+$", out, re.M), out[-3000:]
+    assert ("tune" in argv) == bool(re.search(r"^tune_train\s+\d+$", out, re.M)), out[-3000:]
     if "mine.yaml" in command:  # a study variant writes to a folder of its own
         assert f"{tmp_path}/factorized_fl_label+mine/jobs/train/" in out
         assert f"{tmp_path}/factorized_fl_label/" not in out

@@ -79,7 +79,7 @@ def cmd_train(args) -> None:
 
     cfg = _config(args)
     claim_gpus(args.gpus, args.gpu_locks)
-    summary = train(cfg, Path(args.out))
+    summary = train(cfg, Path(args.out), hold_signals=True)
     _finished()
     print(f"{summary['scenario']}/{summary['method']}/seed{summary['seed']}: accuracy {summary['accuracy']:.4f} "
           f"({summary['protocol']['report']}, round {summary['accuracy_round']}; last {summary['accuracy_mean']:.4f} "
@@ -111,7 +111,7 @@ def cmd_train_runs(args) -> None:
                   f"{summary['accuracy']:.4f}" + ("" if val is None else f", validation {val:.4f}")
                   + f" in {seconds:.1f} s -> {out}", flush=True)
 
-    failures = train_runs(runs, finished, since=started)
+    failures = train_runs(runs, finished, since=started, hold_signals=True)
     _finished()
     if args.study:
         _live_figure(args.study)

@@ -140,9 +140,12 @@ def _weight_tensors(obj: Any, names: set[str]) -> Iterator[torch.Tensor]:
 
 
 @contextlib.contextmanager
-def stop_signals(sim: Simulator) -> Iterator[None]:
+def stop_signals(sim: Simulator, hold_after: Path | None = None) -> Iterator[None]:
     """SIGTERM (timeout, SLURM preemption) and SIGINT (Ctrl-C) stop the loop at its next training
-    step; the job then checkpoints the last completed round instead of dying mid-write."""
+    step; the job then checkpoints the last completed round instead of dying mid-write. With
+    `hold_after` (a summary.json), once that file is complete the signals stay ignored instead of
+    going back to the caller's handlers: the process (`fedfactor train`, a job's last run) is done,
+    and a late signal must not turn it into exit 143, which Snakemake and SLURM read as failed."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -157,8 +160,9 @@ def stop_signals(sim: Simulator) -> Iterator[None]:
     try:
         yield
     finally:
+        done = hold_after is not None and hold_after.is_file()
         for s, h in previous.items():
-            signal.signal(s, h)
+            signal.signal(s, signal.SIG_IGN if done else h)
 
 
 def save_client_weights(cfg: Config, sim: Simulator, path: Path) -> tuple[dict[int, str], list[int]]:
@@ -210,8 +214,9 @@ def chance_warning(accuracy: float, chance: float) -> str | None:
             f"margin {100 * CHANCE_MARGIN:g} pp): the run learned nothing; check fl.lr and the method's settings")
 
 
-def train(cfg: Config, out: Path) -> dict[str, Any]:
-    """Run (or resume) the training `cfg` describes in folder `out`; returns the summary."""
+def train(cfg: Config, out: Path, hold_signals: bool = False) -> dict[str, Any]:
+    """Run (or resume) the training `cfg` describes in folder `out`; returns the summary.
+    `hold_signals`: stop signals stay ignored once the summary is complete (stop_signals)."""
     cfg.method = build(cfg.method).spec  # as the run's config records it: every default filled in
     check_output(out, "folder")
     check_run_folder(out)
@@ -220,7 +225,7 @@ def train(cfg: Config, out: Path) -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
         # Signals are caught from here on: one arriving while the MLflow run opens still ends in a
         # checkpoint and a KILLED run, at the first training step.
-        with folder_lock(out), stop_signals(sim):
+        with folder_lock(out), stop_signals(sim, out / "summary.json" if hold_signals else None):
             return _train(cfg, out, sim)
     except OSError as e:
         if e.errno not in NO_SPACE:
@@ -262,7 +267,8 @@ def run_log(path: Path | None) -> Iterator[None]:
 
 
 def train_runs(runs: list[tuple[Config, Path, Path | None]],
-               on_finished: Callable[[Path, float], None] | None = None, since: float | None = None) -> list[str]:
+               on_finished: Callable[[Path, float], None] | None = None, since: float | None = None,
+               hold_signals: bool = False) -> list[str]:
     """Train (cfg, out, log) runs one after another in this process: the workflow's jobs, which pay
     Python's, torch's and MLflow's start-up once for several runs instead of once per run.
 
@@ -271,7 +277,8 @@ def train_runs(runs: list[tuple[Config, Path, Path | None]],
     one goes on; the failures come back as "OUT: reason" lines. A stop signal ends the whole batch
     (Interrupted) once the running run has checkpointed. `on_finished(out, seconds)` follows every
     run trained here, with its time since the previous one ended (the first: since `since`, a
-    time.monotonic() value, by default this call).
+    time.monotonic() value, by default this call). `hold_signals`: the last run holds stop signals
+    once its summary is complete (`train`).
     """
     for cfg, out, _ in runs:  # every method is valid and every folder can be written, before any run starts
         cfg.method = build(cfg.method).spec
@@ -279,13 +286,13 @@ def train_runs(runs: list[tuple[Config, Path, Path | None]],
         check_run_folder(out)
     failures = []
     clock = time.monotonic() if since is None else since
-    for cfg, out, log_path in runs:
+    for i, (cfg, out, log_path) in enumerate(runs):
         with run_log(log_path):
             if finished_summary(cfg, out) is not None:
                 log.info("%s holds this run, finished: skipped", out)
                 continue
             try:
-                train(cfg, out)
+                train(cfg, out, hold_signals and i == len(runs) - 1)
             except (UsageError, RunFailed) as e:
                 log.error("%s: %s", out, e)
                 failures.append(f"{out}: {e}")
