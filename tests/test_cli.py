@@ -183,7 +183,7 @@ def test_train_sets_torch_threads_before_any_work(tmp_path, tiny, monkeypatch, c
 
     seen = []
 
-    def train(cfg, out):  # the job's first step: record the threads it would train with
+    def train(cfg, out, hold_signals=False):  # the job's first step: record the threads it would train with
         seen.append(torch.get_num_threads())
         raise UsageError("stopped before training")
 
