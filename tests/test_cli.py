@@ -475,3 +475,18 @@ def test_a_refused_command_exits_at_once_and_an_in_process_call_returns(monkeypa
     assert e.value.args == (2,)
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("fedfactor: error: fl.rounds")
     assert main(refused) == 2  # in-process: returned, not exited
+
+
+def test_a_full_disk_under_any_command_is_one_line_and_exit_1(tmp_path, tiny, monkeypatch, capsys):
+    import errno
+    import os
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr("fedfactor.io.os.fsync", full)  # every atomic write syncs its file before the rename
+    part = tmp_path / "part.json"
+    assert main(["partition", *_sets(tiny), "--out", str(part)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"fedfactor: run failed: no space left to write {part} (") and "Traceback" not in err
+    assert os.listdir(tmp_path) == []  # no temporary left

@@ -626,6 +626,13 @@ def _dispatch(args) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:  # a full disk under any command (training runs say so themselves: job.train)
+        from .io import NO_SPACE, full_disk_message
+
+        if e.errno not in NO_SPACE:
+            raise
+        print(f"fedfactor: run failed: {full_disk_message(e)}", file=sys.stderr)
+        return 1
     return 0
 
 
