@@ -36,6 +36,8 @@ def test_every_method_gets_the_same_number_of_points():
         tuning.check(bigger, ["fedavg", "simfed"], ["fedavg", "simfed"])
     with pytest.raises(UsageError, match="tuning.methods names 'fedprox'"):
         tuning.check({**TUNING, "methods": {"fedprox": {}}}, ["fedavg"], ["fedavg", "simfed"])
+    with pytest.raises(UsageError, match="'partition.alpha': the scenario's data, partition"):
+        tuning.check({**TUNING, "common": {"partition.alpha": [0.1, 1, 10, 100]}}, ["fedavg"], ["fedavg", "simfed"])
     with pytest.raises(UsageError, match="non-empty list"):
         tuning.check({**TUNING, "common": {"fl.lr": []}}, ["fedavg"], ["fedavg", "simfed"])
 

@@ -33,6 +33,9 @@ FILE_VERSION = 1
 # eval.report=last the last round's mean validation accuracy, under best/best_weighted/best_val its
 # best round's. The test split is never read.
 SCORE = "val_score"
+# Run-config sections a point may not change: every method of a scenario shares its data and partition,
+# and the workflow sets the rest for each run (workflow.SET_BY_WORKFLOW).
+FIXED_SECTIONS = ("data", "partition", "tracking", "eval", "method")
 # The environment variable the workflow names its command line in (tune_select's provenance).
 COMMAND_VARIABLE = "FEDFACTOR_TUNE_COMMAND"
 
@@ -65,6 +68,9 @@ def check(tuning: dict[str, Any], labels: Iterable[str], listed: Iterable[str]) 
             if key.count(".") > 1 or key.startswith(".") or key.endswith("."):
                 raise UsageError(f"tuning: {label}'s key {key!r}: give a method hyperparameter (tau) or a run-config "
                                  "key as section.key (fl.lr)")
+            if key.split(".")[0] in FIXED_SECTIONS and "." in key:
+                raise UsageError(f"tuning: {label}'s key {key!r}: the scenario's data, partition and the workflow's "
+                                 "own settings are the same for every point; tune training or method settings")
         n = len(points(tuning, label))
         if n != budget:
             sizes = " x ".join(f"{len(v)} {k}" for k, v in grid.items()) or "no key"
