@@ -210,7 +210,7 @@ def test_train_threads_reach_both_of_torchs_pools_in_a_fresh_process(tmp_path, t
 
     # The job replaced by a report of torch's threads, in a process where nothing has run yet.
     code = ("import sys, torch; import fedfactor.job as job; from fedfactor.cli import main\n"
-            "def train(cfg, out):\n"
+            "def train(cfg, out, hold_signals=False):\n"
             "    print(torch.get_num_threads(), torch.get_num_interop_threads()); sys.exit(0)\n"
             "job.train = train\n"
             "main(sys.argv[1:])\n")
