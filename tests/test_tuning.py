@@ -5,6 +5,7 @@ import json
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from fedfactor.workflow import method_sets
 
 from .conftest import TINY
 
+REPO = Path(__file__).resolve().parents[1]
 TUNING = {"file": "chosen.yaml", "seeds": [7, 8], "points": 4,
           "common": {"fl.lr": [0.01, 0.03, 0.1, 0.3]},
           "methods": {"simfed": {"fl.lr": [0.01, 0.1], "tau": [0.5, 0.9]}}}
@@ -43,12 +45,12 @@ def test_every_method_gets_the_same_number_of_points():
 
 
 def test_the_default_study_gives_every_method_the_same_budget():
-    study = yaml.safe_load(open("config/config.yaml"))
+    study = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     t, methods = study["tuning"], study["methods"]
     tuning.check(t, list(methods), list(methods))
     assert {len(tuning.points(t, m)) for m in methods} == {t["points"]}
     # and the same rounds, epochs and clients: no method's own `run` changes the training budget
-    tuning.check_runs_alike({m: load_config(study["run_config"], method_sets(tuning.with_values(e, p), m))
+    tuning.check_runs_alike({m: load_config(REPO / study["run_config"], method_sets(tuning.with_values(e, p), m))
                              for m, e in methods.items() for p in tuning.points(t, m)[:1]})
 
 
