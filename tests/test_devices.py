@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,14 @@ def test_a_cuda_index_past_the_machines_gpus_is_refused(monkeypatch):
     assert devices.resolve_device("cuda:1").index == 1
     with pytest.raises(UsageError, match=r"has 2 CUDA device\(s\), cuda:0..cuda:1"):
         devices.resolve_device("cuda:2")
+
+
+def test_the_memory_a_process_may_take_respects_an_address_space_limit(monkeypatch):
+    import resource
+
+    from fedfactor import devices
+
+    limit = 64 * 2**40
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, resource.RLIM_INFINITY))
+    mapped = int(Path("/proc/self/statm").read_text().split()[0]) * devices.os.sysconf("SC_PAGE_SIZE")
+    assert devices.available_memory() <= limit - mapped + 2**30  # the process may grow meanwhile

@@ -25,11 +25,16 @@ def _job_counts(stdout: str) -> dict[str, int]:
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stdout, re.M)}
 
 
+def _default_dry_run(tmp_path, *args):
+    """The default study's dry run (results under tmp_path), checked to pass; its output and job counts."""
+    r = _snakemake("-n", *args, "--config", f"results={tmp_path}/results")
+    assert r.returncode == 0, r.stderr + r.stdout
+    return r, _job_counts(r.stdout)
+
+
 @pytest.mark.slow
 def test_default_study_dry_run(tmp_path):
-    r = _snakemake("-n", "-p", "--config", f"results={tmp_path}/results")
-    assert r.returncode == 0, r.stderr + r.stdout
-    jobs = _job_counts(r.stdout)
+    r, jobs = _default_dry_run(tmp_path, "-p")
     # 2 scenarios x 8 methods x 5 seeds = 80 runs, 4 a job; one partition per scenario and seed; one dataset;
     # no tuning (its own target)
     assert jobs["train"] == 20 and jobs["partition"] == 10 and jobs["prepare_data"] == 1
@@ -61,9 +66,7 @@ def test_default_study_dry_run(tmp_path):
 @pytest.mark.slow
 def test_default_study_tuning_dry_run(tmp_path):
     """`snakemake tune`: every method's grid on the tuning seed, one selection into tuning.file."""
-    r = _snakemake("-n", "tune", "--config", f"results={tmp_path}/results")
-    assert r.returncode == 0, r.stderr + r.stdout
-    jobs = _job_counts(r.stdout)
+    r, jobs = _default_dry_run(tmp_path, "tune")
     # 2 scenarios x 8 methods x 6 points x 1 seed = 96 runs, 4 a job
     assert jobs["tune_train"] == 24 and jobs["tune_select"] == 1 and jobs["mlflow_init_tuning"] == 1
     assert "train" not in jobs and "table" not in jobs

@@ -5,6 +5,8 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import re
+import resource
 import shutil
 import subprocess
 import time
@@ -118,3 +120,22 @@ def memory_bytes(device: torch.device) -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (OSError, ValueError, RuntimeError, AssertionError):
         return None
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still allocate: the memory the kernel counts as available, and under an
+    address-space limit (`ulimit -v`) what is left below it; None where neither can be read."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    try:
+        found = re.search(r"MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text())
+    except OSError:  # not Linux
+        found = None
+    free = int(found[1]) * 1024 if found else None  # None too for a kernel without MemAvailable
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit != resource.RLIM_INFINITY:
+        try:
+            mapped = int(Path("/proc/self/statm").read_text().split()[0]) * page
+        except OSError:
+            mapped = 0
+        free = limit - mapped if free is None else min(free, limit - mapped)
+    return free

@@ -21,9 +21,6 @@ import gzip
 import hashlib
 import logging
 import math
-import os
-import re
-import resource
 import shutil
 import tarfile
 import urllib.error
@@ -37,6 +34,7 @@ import numpy as np
 import torch
 
 from ..config import regular_file
+from ..devices import available_memory
 from ..devices import resolve_device
 from ..errors import UsageError
 from ..io import atomic_open
@@ -595,30 +593,11 @@ def _check_memory(path: Path, headers: dict[str, tuple[tuple[int, ...], np.dtype
     allocator's error halfway."""
     stored = sum(math.prod(shape) * dtype.itemsize for shape, dtype in headers.values())
     need = stored + sum(4 * math.prod(headers[k][0]) for k in ("x", "x_test") if k in headers)
-    free = _available_memory()
+    free = available_memory()
     if free is not None and need > free:
         raise UsageError(f"{path}: its arrays take {stored / 2**30:.2f} GiB and their float32 images "
                          f"{(need - stored) / 2**30:.2f} GiB more, but this process may take only {free / 2**30:.2f} "
                          "GiB more memory; use a machine with more memory (or raise `ulimit -v`), or fewer samples")
-
-
-def _available_memory() -> int | None:
-    """Bytes this process may still allocate: the memory the kernel counts as available, and under an
-    address-space limit (`ulimit -v`) what is left below it; None where neither can be read."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    try:
-        meminfo = Path("/proc/meminfo").read_text()
-        free = int(re.search(r"MemAvailable:\s+(\d+) kB", meminfo)[1]) * 1024
-    except (OSError, TypeError):  # not Linux, or a kernel without MemAvailable
-        free = None
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if limit != resource.RLIM_INFINITY:
-        try:
-            mapped = int(Path("/proc/self/statm").read_text().split()[0]) * page
-        except OSError:
-            mapped = 0
-        free = limit - mapped if free is None else min(free, limit - mapped)
-    return free
 
 
 def _check_npz(
