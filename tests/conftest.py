@@ -1,4 +1,7 @@
+import contextlib
+import io
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -47,3 +50,19 @@ def record_uploads(sim):
 
     sim.method.upload = recording
     return sent
+
+
+def snakemake_in_process(*argv: str) -> str:
+    """Snakemake's command line on the repository's Snakefile in this process (a subprocess would import
+    torch again); asserts it succeeded and returns what it printed."""
+    from snakemake.cli import args_to_api, parse_args
+
+    out, cwd = io.StringIO(), os.getcwd()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            parser, args = parse_args(["--snakefile", str(Path(__file__).resolve().parents[1] / "Snakefile"), *argv])
+            ok = args_to_api(args, parser)
+    finally:
+        os.chdir(cwd)
+    assert ok, out.getvalue()[-3000:]
+    return out.getvalue()

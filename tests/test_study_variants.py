@@ -1,10 +1,7 @@
 """A scale or override file never writes into another study's runs, and a partition depends only on
 what defines it: a change of rounds, model or method keeps the partitions (and so the runs' inputs)."""
 
-import contextlib
-import io
 import json
-import os
 import re
 from pathlib import Path
 
@@ -14,6 +11,8 @@ import pytest
 from fedfactor.config import load_config
 from fedfactor.simulator import build_partition
 from fedfactor.workflow import partition_sets, study_folder
+
+from .conftest import snakemake_in_process
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,22 +72,6 @@ def test_the_partition_sets_alone_build_the_same_partition_as_the_full_run_confi
     assert a.to_json(y) == b.to_json(y)
 
 
-def _snakemake(*argv: str) -> str:
-    """Snakemake's command line in this process (a subprocess would import torch again); returns what
-    it printed."""
-    from snakemake.cli import args_to_api, parse_args
-
-    out, cwd = io.StringIO(), os.getcwd()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            parser, args = parse_args(["--snakefile", str(REPO / "Snakefile"), *argv])
-            ok = args_to_api(args, parser)
-    finally:
-        os.chdir(cwd)
-    assert ok, out.getvalue()[-3000:]
-    return out.getvalue()
-
-
 def _jobs(out: str) -> dict[str, int]:
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", out, re.M)}
 
@@ -101,23 +84,23 @@ def test_rounds_keep_the_partitions_and_an_override_file_keeps_the_studys_runs(t
            "scenarios": {"iid": {"partition": {"kind": "iid"}}}, "methods": {"fedavg": {"name": "fedavg"}}}
     study = _write(tmp_path / "study.yaml", doc)
     part = tmp_path / "results" / "tiny" / "partitions" / "iid" / "seed0.json"
-    _snakemake(str(part), "--cores", "1", "--directory", str(tmp_path), "--configfile", str(study))
+    snakemake_in_process(str(part), "--cores", "1", "--directory", str(tmp_path), "--configfile", str(study))
     assert part.is_file()
 
     # more rounds, in the study's overrides or in its run config: the runs again, not the partition
     _write(study, {**doc, "overrides": {"fl": {"rounds": 3}}})
-    jobs = _jobs(_snakemake("-n", "--directory", str(tmp_path), "--configfile", str(study)))
+    jobs = _jobs(snakemake_in_process("-n", "--directory", str(tmp_path), "--configfile", str(study)))
     assert jobs["train"] == 1 and "partition" not in jobs
     run.write_text(run.read_text().replace("rounds: 2", "rounds: 4"))
-    jobs = _jobs(_snakemake("-n", "--directory", str(tmp_path), "--configfile", str(study)))
+    jobs = _jobs(snakemake_in_process("-n", "--directory", str(tmp_path), "--configfile", str(study)))
     assert jobs["train"] == 1 and "partition" not in jobs
     # a partition's own field: the partition again
     _write(study, {**doc, "scenarios": {"iid": {"partition": {"kind": "iid"}, "fl": {"clients": 3}}}})
-    assert _jobs(_snakemake("-n", "--directory", str(tmp_path), "--configfile", str(study)))["partition"] == 1
+    assert _jobs(snakemake_in_process("-n", "--directory", str(tmp_path), "--configfile", str(study)))["partition"] == 1
 
     # an override file after the study plans everything in a folder of its own, nothing in the study's
     _write(study, doc)
     mine = _write(tmp_path / "mine.yaml", {"overrides": {"fl": {"rounds": 10}}})
-    out = _snakemake("-n", "--directory", str(tmp_path), "--configfile", str(study), str(mine))
+    out = snakemake_in_process("-n", "--directory", str(tmp_path), "--configfile", str(study), str(mine))
     assert f"{tmp_path}/results/tiny+mine/jobs/train/iid/seed0-1.json" in out
     assert f"{tmp_path}/results/tiny/" not in out

@@ -3,6 +3,9 @@ file and its checks, a failed point as a result."""
 
 import json
 import random
+import re
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +20,7 @@ from fedfactor.errors import UsageError
 from fedfactor.job import train
 from fedfactor.workflow import method_sets
 
-from .conftest import TINY
+from .conftest import TINY, snakemake_in_process
 
 REPO = Path(__file__).resolve().parents[1]
 TUNING = {"file": "chosen.yaml", "seeds": [7, 8], "points": 4,
@@ -172,6 +175,45 @@ def test_train_runs_allow_failed_records_a_diverged_run_and_exits_0(tmp_path):
     assert (tmp_path / "ok" / "summary.json").exists() and not (tmp_path / "diverged" / "summary.json").exists()
 
 
+@pytest.mark.slow
+def test_snakemake_tune_trains_every_point_and_the_study_runs_at_the_chosen_values(tmp_path):
+    """The workflow end to end: `snakemake tune` on a tiny study writes the file and its record; the
+    study's runs read the file; and a clone that has the committed file but no tuning runs (a fresh
+    one) tunes again rather than finding nothing to do."""
+    run = tmp_path / "run.yaml"
+    run.write_text("data: {name: digits}\nmodel: {name: mlp}\nfl: {clients: 4, rounds: 2, epochs: 1}\n")
+    chosen = tmp_path / "tuned.yaml"
+    study = tmp_path / "study.yaml"
+    study.write_text(json.dumps({
+        "study": "tiny", "run_config": str(run), "results": str(tmp_path / "results"), "seeds": [0],
+        "scenarios": {"iid": {"partition": {"kind": "iid"}}},
+        "methods": {"fedavg": {"name": "fedavg"}, "local": {"name": "local"}},
+        "tuning": {"file": str(chosen), "seeds": [100], "points": 2, "common": {"fl.lr": [0.02, 0.1]}}}))
+    doc_tuning = json.loads(study.read_text())["tuning"]
+    argv = ["--directory", str(tmp_path), "--configfile", str(study)]
+    snakemake_in_process("tune", "--cores", "1", *argv)
+    record = tmp_path / "results" / "tiny" / "tuning" / "chosen.yaml"
+    assert chosen.read_text() == record.read_text()
+    doc = yaml.safe_load(chosen.read_text())
+    for method in ("fedavg", "local"):
+        entry = doc["chosen"]["iid"][method]
+        tried = [t for t in entry["tried"] if t["val_score"] is not None]
+        assert [t["values"] for t in entry["tried"]] == tuning.points(doc_tuning, method)
+        assert entry["values"] == max(tried, key=lambda t: t["val_score"])["values"]
+    # the study's runs, at the chosen values
+    plan = snakemake_in_process("-n", "-p", *argv)
+    runs = {Path(r["out"]).parent.name: r["set"] for command in re.findall(r"^Shell command: .*train-runs .*$", plan, re.M)
+            for argv_ in [shlex.split(command)] for r in json.loads(argv_[argv_.index("--runs") + 1])}
+    assert set(runs) == {"fedavg", "local"}
+    for method, sets in runs.items():
+        assert f"fl.lr={doc['chosen']['iid'][method]['values']['fl.lr']}" in sets, (method, sets)
+    assert "nothing to be done" in snakemake_in_process("tune", "-n", *argv).lower()
+    # the committed file without the tuning runs: `tune` trains again (a job a run: runs_per_job 1)
+    shutil.rmtree(tmp_path / "results" / "tiny" / "tuning")
+    again = snakemake_in_process("tune", "-n", *argv)
+    assert re.search(r"^tune_train\s+4$", again, re.M) and re.search(r"^tune_select\s+1$", again, re.M), again
+
+
 def test_provenance_names_the_commit_and_changes_besides_the_file_written(tmp_path, monkeypatch):
     def git(*args):
         subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
@@ -183,8 +225,8 @@ def test_provenance_names_the_commit_and_changes_besides_the_file_written(tmp_pa
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "chosen.yaml").unlink()  # the step's own output, about to be written again
-    clean = tuning.provenance("s", "snakemake tune", {"a": 2}, "chosen.yaml")
+    clean = tuning.provenance("s", "snakemake tune", {"a": 2}, ["chosen.yaml"])
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
     assert clean["commit"] == head and clean["uncommitted_changes"] is False and clean["rounds"] == {"a": 2}
     (tmp_path / "code.py").write_text("a = 2\n")
-    assert tuning.provenance("s", "snakemake tune", {}, "chosen.yaml")["uncommitted_changes"] is True
+    assert tuning.provenance("s", "snakemake tune", {}, ["chosen.yaml"])["uncommitted_changes"] is True

@@ -70,7 +70,8 @@ def test_default_study_tuning_dry_run(tmp_path):
     # 2 scenarios x 8 methods x 6 points x 1 seed = 96 runs, 4 a job
     assert jobs["tune_train"] == 24 and jobs["tune_select"] == 1 and jobs["mlflow_init_tuning"] == 1
     assert "train" not in jobs and "table" not in jobs
-    assert "config/tuned/default.yaml" in r.stdout
+    # the committed file and the record in the results folder, which makes a fresh clone tune
+    assert "config/tuned/default.yaml" in r.stdout and f"{tmp_path}/results/default/tuning/chosen.yaml" in r.stdout
 
 
 # One line naming the study file, the run and the key, before any job: a fedprox hyperparameter out of

@@ -147,12 +147,13 @@ def cmd_tune_select(args) -> None:
     doc = tuning.select(spec["tuning"], spec["scenarios"], spec["methods"], Path(args.runs),
                         tuning.provenance(spec["study"], os.environ.get(tuning.COMMAND_VARIABLE, "snakemake tune"),
                                           spec["rounds"], args.out))
-    tuning.write(doc, args.out)
+    for out in args.out:
+        tuning.write(doc, out)
     for scenario, chosen in doc["chosen"].items():
         for label, c in chosen.items():
             values = ", ".join(f"{k}={v}" for k, v in c["values"].items())
             print(f"{scenario}/{label}: {values} (validation {100 * c['val_score']:.2f} %)", flush=True)
-    print(f"chosen values -> {args.out}", flush=True)
+    print(f"chosen values -> {', '.join(args.out)}", flush=True)
 
 
 def _run_list(text: str) -> list[dict]:
@@ -440,7 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help='{"study", "tuning", "scenarios", "methods", "rounds"} as the workflow passes it; the command '
                         "that asked for it comes from $FEDFACTOR_TUNE_COMMAND")
     p.add_argument("--runs", required=True, metavar="DIR", help="the tuning runs: DIR/SCENARIO/METHOD/pI/seedS")
-    p.add_argument("--out", required=True, help="the file of chosen values (the study's tuning.file)")
+    p.add_argument("--out", required=True, nargs="+", metavar="FILE",
+                   help="write the chosen values to each FILE: the study's tuning.file and the tuning's own record")
     p.set_defaults(func=cmd_tune_select)
 
     p = sub.add_parser("cost", help="measured communication bytes of a config, from shapes alone (no training)")

@@ -21,7 +21,7 @@ import json
 import math
 import subprocess
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import yaml
 
@@ -164,16 +164,17 @@ def select(tuning: dict[str, Any], scenarios: list[str], labels: list[str], run_
             "chosen": chosen}
 
 
-def provenance(study: str, command: str, rounds: dict[str, int] | None, written: str | Path = "") -> dict[str, Any]:
+def provenance(study: str, command: str, rounds: dict[str, int] | None,
+               written: Sequence[str | Path] = ()) -> dict[str, Any]:
     """Who made the chosen values: the study, the commit (and whether the tree had changes other than
-    the file being `written`), the command, the time."""
+    the files being `written`), the command, the time."""
     def git(*args: str) -> str | None:
         try:
             return subprocess.run(["git", *args], capture_output=True, text=True, check=True, timeout=30).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return None
 
-    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", *([f":!{written}"] if written else []))
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", *(f":!{w}" for w in written))
     return {"study": study, "commit": git("rev-parse", "HEAD"),
             "uncommitted_changes": bool(status) if status is not None else None,
             "command": command, "rounds": rounds,

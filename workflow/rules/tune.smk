@@ -59,7 +59,10 @@ rule tune_select:
         expand(f"{TUNE_DIR}/jobs/{{scenario}}/seed{{seed}}-{{job}}.json", scenario=SCENARIOS, seed=TUNE_SEEDS,
                job=range(1, len(TUNE_JOBS) + 1)),
     output:
-        TUNING["file"],
+        # The record in the results folder makes `snakemake tune` a target of the tuning runs: with only
+        # the committed file as output, a fresh clone would find it present and tune nothing.
+        record=f"{TUNE_DIR}/chosen.yaml",
+        file=TUNING["file"],
     params:
         study=tune_select_spec,
         runs=f"{TUNE_DIR}/runs",
@@ -68,7 +71,7 @@ rule tune_select:
     conda:
         CONDA_ENV
     shell:
-        "fedfactor tune-select --study {params.study:q} --runs {params.runs:q} --out {output:q} 2> {log:q}"
+        "fedfactor tune-select --study {params.study:q} --runs {params.runs:q} --out {output.record:q} {output.file:q} 2> {log:q}"
 
 
 rule tune:
