@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -92,6 +93,49 @@ def test_no_method_changes_the_clients_shared_initial_tensors(method):
     sim.evaluate()
     for key, value in before.items():
         assert torch.equal(sim.init[key], value), key
+
+
+@pytest.mark.parametrize("sets, written", [
+    # every 2 rounds of 6 (not after the last): rounds 2 and 4
+    (["checkpoint.every=2", "checkpoint.minutes=0"], [2, 4]),
+    # by time alone: a clock that moves 1 ms a reading passes a 0.6 ms budget at every round's end
+    (["checkpoint.every=0", "checkpoint.minutes=0.00001"], [1, 2, 3, 4, 5]),
+    # a write that takes 100 s is not repeated every round: the next waits until it is 5 % of the time since
+    (["checkpoint.every=1", "checkpoint.minutes=0", "slow"], [1]),
+])
+def test_checkpoints_fall_due_by_rounds_by_time_and_not_while_the_last_write_dominates(tmp_path, monkeypatch,
+                                                                                       sets, written):
+    import fedfactor.job as job
+
+    clock = {"now": 0.0}
+
+    def tick():
+        clock["now"] += 0.001
+        return clock["now"]
+
+    rounds = []
+    save = torch.save
+
+    def saving(obj, f):
+        rounds.append(obj["simulator"]["round"])
+        clock["now"] += 100.0 if "slow" in sets else 0.0
+        save(obj, f)
+
+    monkeypatch.setattr(job, "_clock", tick)
+    monkeypatch.setattr(job.torch, "save", saving)
+    train(_cfg("fedavg", "fl.rounds=6", *[s for s in sets if s != "slow"]), tmp_path / "run")
+    assert rounds == written
+
+
+def test_a_checkpoint_without_room_beside_the_last_one_is_announced_before_it_is_written(tmp_path, monkeypatch,
+                                                                                         caplog):
+    import fedfactor.job as job
+
+    monkeypatch.setattr(job.shutil, "disk_usage", lambda path: SimpleNamespace(total=10**9, used=10**9, free=1000))
+    with caplog.at_level("WARNING"):
+        train(_cfg("fedavg", "checkpoint.every=1", "checkpoint.keep=true"), tmp_path / "run")
+    announced = [r.message for r in caplog.records if "free beside the last checkpoint" in r.message]
+    assert len(announced) == ROUNDS - 1  # every write but the first, which has no checkpoint beside it
 
 
 def test_a_batched_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):

@@ -19,6 +19,10 @@ from fedfactor.data.partition import Partition, labels_sha1
 from fedfactor.errors import UsageError
 from fedfactor.simulator import RoundRecord, Scores, Simulator, round_loss, summarize
 from fedfactor.fl.train import TrainLoss
+from fedfactor.methods import METHODS
+from fedfactor.models.layers import layer_entries
+
+from .conftest import record_uploads
 
 TEST_COUNTS = [1, 2, 3, 4]  # official test images of classes 0..3
 
@@ -114,6 +118,20 @@ def test_shared_pool_of_a_domain_is_its_classes_of_the_pooled_split(tmp_path):
     assert sim.ctx.split(2, "val").y.tolist() == [0, 0, 1, 1]  # val follows the same protocol
 
 
+@pytest.mark.parametrize("pool", ["shared", "client"])
+def test_own_val_is_the_clients_own_validation_cut_under_either_pool(tmp_path, pool):
+    """What a method weighs models on (FedFomo): the client's own validation images, never the pool."""
+    domains = [[0, 1, -1, -1], [0, 1, -1, -1], [-1, -1, 0, 1], [-1, -1, 0, 1]]
+    sim = _sim(tmp_path, domains, 2, f"eval.test_pool={pool}")
+    for k in range(4):
+        own = sim.ctx.split(k, "own_val")
+        assert own.idx.tolist() == sim.partition.clients[k]["val"].tolist()  # its 2 images of class k
+        assert own.y.tolist() == [k % 2] * 2  # through its label map
+        assert sim.ctx.evaluate(k, constant(sim, k % 2), "own_val")[:2] == (2, 2)
+    # the protocol's val: the domain's classes of the pooled split under shared, the own cut under client
+    assert len(sim.ctx.split(2, "val")) == (4 if pool == "shared" else 2)
+
+
 def test_trained_keeps_unsampled_clients_last_model(tmp_path):
     sim = _sim(tmp_path, None, 4, "eval.model=trained", "fl.fraction=0.5", "fl.lr=0.5")
     init = [dict(s) for s in sim.states]
@@ -192,36 +210,69 @@ def test_a_methods_own_training_loop_gets_trainers_rule_for_a_batch_of_one(tiny,
     assert sim.ctx.skip_single == skipped and sizes() == ([n - 1] if skipped else [n - 1, 1])
 
 
-@pytest.mark.parametrize("method, extra", [
-    ("fedavg", []), ("fedper", []), ("fedrod", []), ("agnostic_fl", []), ("fedem", []),
-    ("feddecomp", ["fl.epochs=2", "method.e_lora=1"]),
-])
+def _fast(method: str) -> list[str]:
+    """Settings that keep a method's round to a second on the tiny run (as tests/test_job.py's)."""
+    if method.startswith("fedfac"):  # the 64-channel conv, not the 512-unit fc: fast factor analyses;
+        # the masking ablations' N(0, 1) filters diverge at the tiny run's lr
+        return ["method.layers=[2]", "fl.on_divergence=skip", "fl.lr=0.01"]
+    if method.startswith("feddecomp"):  # two epochs, so both of FedDecomp's phases run
+        return ["fl.epochs=2", "method.e_lora=1"]
+    if method == "fedrep":
+        return ["method.head_epochs=2"]
+    if method == "fedfomo":
+        return ["partition.samples_per_client.val=5"]
+    return []
+
+
+@pytest.mark.parametrize("method", METHODS.names())
 @pytest.mark.slow
-def test_a_trained_client_keeps_only_its_own_entries_and_the_run_is_unchanged(tiny, method, extra):
+def test_a_trained_client_keeps_only_its_own_entries_and_the_run_is_unchanged(tiny, method):
+    """Every method: dropping what receive overwrites (replaced_on_receive) changes nothing a run
+    computes, and a trained client holds the rest, plus the layers the diagnostics read."""
     sets = [*tiny, "fl.rounds=3", "fl.fraction=0.5", "eval.model=received", "diagnostics.max_clients=2",
-            f"method.name={method}", *extra]
+            f"method.name={method}", *_fast(method)]
     trimmed, whole = Simulator(load_config(None, sets)), Simulator(load_config(None, sets))
-    assert trimmed._trim and trimmed._stream == (method not in ("agnostic_fl", "feddecomp"))  # their own aggregate
+    assert trimmed._trim
     # the plain path: every trained client keeps its whole model, and aggregate gets every upload
     whole._trim = whole._stream = False
+    sent = [record_uploads(sim) for sim in (trimmed, whole)]
     records = [sim.run() for sim in (trimmed, whole)]
     assert [r.test.per_client.tolist() for r in records[0]] == [r.test.per_client.tolist() for r in records[1]]
-    assert all(torch.equal(trimmed.server["global"][k], v) for k, v in whole.server["global"].items())
-    diagnosed = {f"{name}.weight" for name in trimmed.diagnostic_layers().values()}
-    assert diagnosed <= set(trimmed.server["global"]) and (diagnosed or method == "fedem")  # FedEM: no plain layer
+    assert sent[0].keys() == sent[1].keys()
+    for k, payload in sent[0].items():
+        assert payload.keys() == sent[1][k].keys() and all(torch.equal(t, sent[1][k][key]) for key, t in payload.items())
+    dropped = trimmed.method.replaced_on_receive()
+    diagnosed = {key for name in trimmed.diagnostic_layers().values() for key in layer_entries(trimmed.model, name)}
     with_weights = set(trimmed.diagnosed_clients())
-    assert len(with_weights) == 2  # of 4 clients
     for k in range(len(trimmed.states)):
-        if trimmed.states[k].keys() == whole.states[k].keys():  # never trained: the shared initial state
-            assert all(trimmed.states[k][key] is t for key, t in trimmed.init.items())
-            continue
+        if k not in sent[0]:
+            continue  # never trained: its initial state
         kept = set(trimmed.states[k])
-        assert kept == set(whole.states[k]) - set(trimmed.server["global"]) | (diagnosed if k in with_weights else set())
+        assert kept == set(whole.states[k]) - (dropped - (diagnosed if k in with_weights else set()))
         assert all(torch.equal(trimmed.states[k][key], whole.states[k][key]) for key in kept)
 
 
+def test_what_a_trained_client_drops_is_the_shared_part_where_receive_overwrites_it(tiny):
+    """The methods that send a personalised or partial model declare what it overwrites; those whose
+    receive keeps the client's own model (FedAMP) drop nothing."""
+    for method, extra, personal in [
+        ("fedavg", [], set()), ("fedper", [], {"head.weight", "head.bias"}), ("fedamp", [], None),
+        ("fedfac", ["method.layers=[2]"], None), ("fedfomo", ["partition.samples_per_client.val=5"], set()),
+        ("fedfomo", ["partition.samples_per_client.val=5", "method.own_from_server=false"], None),
+    ]:
+        sim = Simulator(load_config(None, [*tiny, "fl.rounds=1", f"method.name={method}", *extra]))
+        dropped = sim.method.replaced_on_receive()
+        if personal is None:  # nothing, or (FedFac) all but the split layer and the BatchNorm statistics
+            assert dropped == (set(sim.method.shared) if method == "fedfac" else set()), method
+            continue
+        assert dropped == set(sim.ctx.float_keys) - personal, method
+    fedfac = Simulator(load_config(None, [*tiny, "method.name=fedfac", "method.layers=[2]"]))
+    split = set(fedfac.method.units[2])
+    assert split and not split & fedfac.method.replaced_on_receive()  # a split layer's personal rows stay
+
+
 def test_the_trained_model_protocol_and_methods_with_their_own_receive_keep_whole_states(tiny):
-    for extra in (["eval.model=trained"], ["method.name=fedfomo", "partition.samples_per_client.val=5"]):
+    for extra in (["eval.model=trained"], ["method.name=fedamp"]):
         sim = Simulator(load_config(None, [*tiny, "fl.rounds=1", *extra]))
         sim.run_round(1)
         assert all(set(sim.init) <= set(s) for s in sim.states)
@@ -299,15 +350,21 @@ def test_a_run_records_its_extra_losses_and_checkpoints_them_weights_only(tiny):
         sim.ctx.log("train_proximal", 1.0)
 
 
-def test_clients_whose_models_cannot_fit_in_memory_are_refused_before_training(monkeypatch):
+@pytest.mark.parametrize("extra, copies", [
+    ([], 1),  # FedAvg scored on what it receives: a trained client keeps nothing of its own
+    (["eval.model=trained"], 5),  # the model, and every client's whole trained model
+    (["method.name=local"], 5),  # nothing is received: every client keeps its whole model
+])
+def test_clients_whose_states_cannot_fit_in_memory_are_refused_before_training(monkeypatch, extra, copies):
     import fedfactor.simulator as simulator
 
-    cfg = load_config(None, ["data.name=digits", "fl.clients=4", "model.name=mlp", "tracking.enabled=false"])
+    cfg = load_config(None, ["data.name=digits", "fl.clients=4", "model.name=mlp", "tracking.enabled=false", *extra])
     model_bytes = (64 * 200 + 200 + 200 * 10 + 10) * 4
-    monkeypatch.setattr(simulator, "memory_bytes", lambda device: 4 * model_bytes - 1)
-    with pytest.raises(UsageError, match=r"fl.clients=4 clients x a 0.1 MiB model = 0.0 GiB of client states"):
+    monkeypatch.setattr(simulator, "memory_bytes", lambda device: copies * model_bytes - 1)
+    with pytest.raises(UsageError, match=rf"fl.clients=4 clients x {0.1 if copies > 1 else 0:.1f} MiB of a 0.1 MiB "
+                                         r"model kept per client = 0.0 GiB of client states"):
         Simulator(cfg)
-    monkeypatch.setattr(simulator, "memory_bytes", lambda device: 4 * model_bytes)
+    monkeypatch.setattr(simulator, "memory_bytes", lambda device: copies * model_bytes)
     Simulator(cfg)
 
 

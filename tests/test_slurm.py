@@ -67,6 +67,8 @@ def test_profile_is_a_slurm_workflow_profile():
     assert p["set-resources"]["tune_train"] == train and p["set-threads"]["tune_train"] == p["set-threads"]["train"]
     for key in ("slurm_partition", "runtime", "mem_mb"):
         assert key in p["default-resources"]
+    # a run stopped at its time limit has checkpointed: Snakemake submits it again, and it resumes
+    assert p["retries"] >= 1
 
 
 def test_script_checks_its_arguments():

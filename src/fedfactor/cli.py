@@ -400,6 +400,34 @@ def _progress(run, study, elapsed: float | None) -> None:
               f"({type(e).__name__}: {e})", file=sys.stderr)
 
 
+def cmd_plan(args) -> None:
+    from . import plan
+
+    paths = plan.study_files(args.all, args.study)
+    device_memory = None if args.gpu_memory_gib is None else int(args.gpu_memory_gib * plan.GiB)
+    profile = None if args.profile == "none" else args.profile
+
+    def node(config: dict) -> plan.Node:
+        return plan.profile_node(profile, config.get("gpus_per_job", 0), device_memory)
+
+    plans = []
+    for i, files in enumerate(paths, 1):
+        if args.all:  # a few seconds a study: say which one is being measured
+            print(f"plan: {i}/{len(paths)} {Path(files[0]).name}", file=sys.stderr, flush=True)
+        plans.append(plan.plan_study(files, node))
+    if args.json:
+        print(json.dumps([{**plan.summary(p), "run_groups": plan.group_rows(p)} for p in plans]))
+        return
+    print(plan.summary_table(plans))
+    if args.groups or not args.all:
+        for p in plans:
+            print(f"\n{p.study}: run groups (each measured once)\n")
+            print(plan.groups_table(p))
+    flagged = [line for p in plans for line in p.flagged]
+    if flagged:
+        print("\ncannot fit the requested node:\n" + "\n".join(f"  {line}" for line in flagged))
+
+
 def cmd_simulate(args) -> None:
     from .report.simulation import load_simulation_config, simulate
 
@@ -542,6 +570,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--uri", help="MLflow store of the runs (default: each run's own tracking.uri)")
     p.add_argument("--figures", help="folder for the figures (default: --out)")
     p.set_defaults(func=cmd_diagnose)
+
+    p = sub.add_parser("plan", help="what a study needs before it is launched: runs, local steps, downloads, disk, "
+                                    "peak memory a run (measured on shapes), checkpoint, time where measured "
+                                    "(docs/plan.md)")
+    p.add_argument("--study", nargs="+", metavar="FILE", help="a study file, then files that override it (as "
+                                                              "snakemake's --configfile)")
+    p.add_argument("--all", action="store_true", help="every study: config/config.yaml and config/studies/*.yaml")
+    p.add_argument("--profile", default=str(Path(__file__).resolve().parents[2] / "profiles" / "slurm"),
+                   help="the Snakemake profile whose train rule's mem_mb and gpu the runs must fit, or `none` "
+                        "(default: %(default)s)")
+    p.add_argument("--gpu-memory-gib", type=float, metavar="GIB",
+                   help="the GPU's memory, to flag runs that cannot fit it (the profile does not name a GPU)")
+    p.add_argument("--groups", action="store_true", help="with --all: each study's run groups too")
+    p.add_argument("--json", action="store_true", help="print one JSON list, a study an object")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("simulate", help="FedFac's simulation study (paper 001, Figures 6-7): csv, markdown, PNGs")
     p.add_argument("--config", help="study config YAML, e.g. config/simulation/fedfac.yaml (defaults: the same)")

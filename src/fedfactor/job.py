@@ -49,6 +49,8 @@ CHECKPOINT_VERSION = 1
 # How far a run's reported accuracy must rise above the majority-class baseline to count as
 # learning: an untrained model lands near it, give or take a few of each client's test samples.
 CHANCE_MARGIN = 0.02
+# when checkpoints fall due (a test's stand-in clock replaces it)
+_clock = time.monotonic
 
 
 def fingerprint(cfg: Config) -> dict[str, Any]:
@@ -349,12 +351,33 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
     if rows:  # rounds after the checkpoint that a killed job had written are recomputed
         atomic_write_text(out / "metrics.csv", pd.DataFrame(rows).to_csv(index=False))
 
+    last = {"at": _clock(), "took": 0.0}  # when the last checkpoint was written, and its seconds
+
     def save_checkpoint() -> None:
+        # The new checkpoint is written beside the last one, which is replaced only once the new one
+        # is complete: for a while both are on disk. Said before the write, not after a full disk.
+        if ckpt_path.exists():
+            size, free = ckpt_path.stat().st_size, shutil.disk_usage(out).free
+            if free < 1.1 * size:
+                log.warning("%s: %.1f GB free beside the last checkpoint; the next one (about %.1f GB) is written "
+                            "beside it before replacing it: free disk space, or the write fails and the last "
+                            "checkpoint stays", run_name, free / 1e9, size / 1e9)
+        start = _clock()
         with atomic_open(ckpt_path) as f:
             torch.save({"version": CHECKPOINT_VERSION, "fingerprint": fp, "simulator": sim.state_dict(),
                         "resumed": resumed, "mlflow_run_id": tracker.run_id}, f)
+        now = _clock()
+        last.update(at=now, took=now - start)
+        log.info("%s checkpoint of round %d written: %.1f MB in %.1f s", run_name, sim.round,
+                 ckpt_path.stat().st_size / 1e6, last["took"])
 
-    every, R = cfg.checkpoint.every, cfg.fl.rounds
+    every, R, ck = cfg.checkpoint.every, cfg.fl.rounds, cfg.checkpoint
+
+    def checkpoint_due(rnd: int) -> bool:
+        since = _clock() - last["at"]
+        if ck.minutes and since >= 60 * ck.minutes:
+            return True
+        return bool(every and rnd % every == 0) and not (last["took"] > 1.0 and last["took"] > ck.max_share * since)
 
     def on_round(rec: RoundRecord) -> None:
         # One channel for everything a round produced: the loop's metrics and the method's
@@ -370,7 +393,7 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
         if rec.test is not None and not sys.stderr.isatty():
             log.info("%s round %d/%d: accuracy %.4f +- %.4f, up %d B, down %d B, %.1f s", run_name, rec.round, R,
                      rec.test.mean, rec.test.std, rec.bytes_up, rec.bytes_down, rec.elapsed_seconds)
-        if (every and rec.round % every == 0 and rec.round < R) or (rec.round == R and cfg.checkpoint.keep):
+        if (rec.round < R and checkpoint_due(rec.round)) or (rec.round == R and cfg.checkpoint.keep):
             save_checkpoint()
 
     try:

@@ -172,9 +172,11 @@ class Simulator:
 
     dry_run=True builds everything on the meta device, with no data: the loop runs its downloads,
     uploads and aggregations on shapes alone, so `fedfactor cost` measures through this same code.
+    A dry run refuses a method whose payloads' sizes depend on trained values, unless
+    `largest_payloads` (`fedfactor plan`, which sizes memory and takes such payloads at their largest).
     """
 
-    def __init__(self, cfg: Config, dry_run: bool = False):
+    def __init__(self, cfg: Config, dry_run: bool = False, largest_payloads: bool = False):
         self.cfg = cfg
         self.dry_run = dry_run
         device = resolve_device(cfg.fl.device, available=not dry_run)
@@ -183,7 +185,7 @@ class Simulator:
         K = cfg.fl.clients
         # Cheap checks first: a typo should not wait for a dataset to load.
         self.method = build(cfg.method)
-        if dry_run and self.method.payload_depends_on_values:
+        if dry_run and self.method.payload_depends_on_values and not largest_payloads:
             raise UsageError(f"method {cfg.method['name']!r} sends payloads whose size depends on trained values; "
                              "`fedfactor cost` cannot project it from shapes: run `fedfactor train` and read "
                              "bytes_total from its summary.json")
@@ -217,8 +219,6 @@ class Simulator:
             refuse_recurrent(self.method, model)
             self.model = self.method.prepare_model(model)
         init = clone(self.model.state_dict())
-        if not dry_run:
-            self._check_memory(init)
         fl = cfg.fl
         optim = Optim(fl.optimizer, fl.lr, fl.momentum, fl.weight_decay)
         self.trainer = Trainer(self.model, self.x, fl.batch_size, self.augment, optim, fl.max_loss, fl.precision,
@@ -264,14 +264,16 @@ class Simulator:
         rng = np.random.default_rng(derive_seed(cfg.seed, 2**31 + 2))
         self.newcomers = sorted(rng.choice(K, size=held, replace=False).tolist()) if held else []
         self.members = [k for k in range(K) if k not in set(self.newcomers)]
+        # A trained client keeps only what is its own when nothing reads the rest again: scored with
+        # the received model, every entry the method's receive overwrites whole (replaced_on_receive)
+        # is replaced before the client's state is trained or scored again. The clients whose final
+        # weights the diagnostics keep (job.save_client_weights) keep the entries of those layers. A
+        # dry run trims too, so that `fedfactor plan` counts what a real run holds.
+        self._trim = cfg.eval.model == "received"
+        if not dry_run:
+            self._check_memory()
         self.states: list[State] = [self.method.init_client(k, init) for k in range(K)]
         self.server = self.method.init_server(init)
-        # A trained client keeps only what is its own when nothing reads the rest again: scored with
-        # the received model, and with the base download and receive, every entry of the server's
-        # "global" overwrites the client's before its state is trained or scored again. The clients
-        # whose final weights the diagnostics keep (job.save_client_weights) keep the entries of those layers.
-        self._trim = (not dry_run and cfg.eval.model == "received" and type(self.method).download is Method.download
-                      and type(self.method).receive is Method.receive)
         # With the base aggregate, each upload is added to the weighted sum as it arrives: together
         # with the trimming, a round no longer holds every sampled client's model until it ends.
         self._stream = type(self.method).aggregate is Method.aggregate
@@ -293,15 +295,20 @@ class Simulator:
         self._scalars: dict[str, float] = {}
         self._arrays: dict[str, np.ndarray] = {}
 
-    def _check_memory(self, init: State) -> None:
-        """Refuse a run whose clients' models alone cannot fit: every client keeps a state of its own,
-        which is at least the model (the fewest copies a method keeps; the real need is higher)."""
-        model = sum(t.numel() * t.element_size() for t in init.values())
-        need, have = self.cfg.fl.clients * model, memory_bytes(self.device)
+    def _check_memory(self) -> None:
+        """Refuse a run whose clients' states alone cannot fit: the model once, and for every client
+        what it keeps of its own once trained (all of the model unless a trained client drops what
+        receive overwrites; the fewest bytes a method holds: the real need is higher)."""
+        bytes_of = lambda keys: sum(self.init[k].numel() * self.init[k].element_size() for k in keys)  # noqa: E731
+        model = bytes_of(self.init)
+        own = bytes_of(set(self.init) - (self.method.replaced_on_receive() if self._trim else set()))
+        K = self.cfg.fl.clients
+        need, have = model + K * own, memory_bytes(self.device)
         if have is not None and need > have:
-            raise UsageError(f"fl.clients={self.cfg.fl.clients:,} clients x a {model / 2**20:,.1f} MiB model = "
-                             f"{need / 2**30:,.1f} GiB of client states, more than the {have / 2**30:,.1f} GiB of "
-                             f"{self.device.type} memory here; use fewer clients or a smaller model")
+            raise UsageError(f"fl.clients={K:,} clients x {own / 2**20:,.1f} MiB of a {model / 2**20:,.1f} MiB model "
+                             f"kept per client = {need / 2**30:,.1f} GiB of client states, more than the "
+                             f"{have / 2**30:,.1f} GiB of {self.device.type} memory here; use fewer clients or a "
+                             "smaller model (`fedfactor plan` gives a study's needs)")
 
     # -- data ----------------------------------------------------------------------------------
     def _read_partition(self) -> Partition:
@@ -323,7 +330,10 @@ class Simulator:
         else:
             self.partition = build_partition(cfg, y, ds.n_official_train, num_classes, ds.owners)
         self.x = ds.x
-        self.clients = [{s: self._split(y, k, s) for s in SPLITS} for k in range(cfg.fl.clients)]
+        # Beside the protocol's splits, "own_val": the client's own validation cut under every test
+        # pool, what a method weighs or picks models on (FedFomo); under the shared pool "val" is the
+        # pooled split the protocol scores with, one set for all clients of a task.
+        self.clients = [{s: self._split(y, k, s) for s in (*SPLITS, "own_val")} for k in range(cfg.fl.clients)]
         empty = [k for k, c in enumerate(self.clients) if len(c["test"]) == 0]
         if empty:
             # Scoring such a client 0 (or leaving it out) would bias every mean silently.
@@ -336,11 +346,13 @@ class Simulator:
 
     def _split(self, y: np.ndarray, k: int, name: str) -> Split:
         """Client k's split: its own cut, or for val/test under the shared pool the pooled split
-        restricted to its task's classes, always in the client's own labels."""
-        if name != "train" and self.cfg.eval.test_pool == "shared":
+        restricted to its task's classes, always in the client's own labels; "own_val" is its own
+        val cut under either pool."""
+        if name in ("val", "test") and self.cfg.eval.test_pool == "shared":
             idx, targets = self.partition.shared_split(y, k, name)
         else:
-            idx, targets = self.partition.clients[k][name], self.partition.targets(y, k, name)
+            cut = "val" if name == "own_val" else name
+            idx, targets = self.partition.clients[k][cut], self.partition.targets(y, k, cut)
         as_tensor = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.long, device=self.device)  # noqa: E731
         return Split(as_tensor(idx), as_tensor(targets))
 
@@ -476,7 +488,7 @@ class Simulator:
         uploads: dict[int, State] = {}
         weights: dict[int, float] = {}
         total = WeightedSum()
-        drop = set(self.server["global"]) if self._trim else set()
+        drop = self.method.replaced_on_receive() if self._trim else set()
         losses, skipped = [], []
         try:
             for k, state, result in self._local_training(self.sample(rnd)):

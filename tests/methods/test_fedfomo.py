@@ -34,7 +34,7 @@ class FakeLoss:
         self.own, self.losses = own, losses
 
     def __call__(self, k, state, split):
-        assert (k, split) == (0, "val")
+        assert (k, split) == (0, "own_val")
         shift = tuple(round(float(v), 3) for v in state["head.bias"][:2] - self.own["head.bias"][:2])
         return 0, 10, 10 * self.losses[shift]
 
@@ -90,6 +90,34 @@ def test_local_heads_are_never_sent_and_others_bodies_are_scored_with_the_own_he
     assert len(scored) == 4  # its own model and the 3 others
     assert all(torch.equal(s[key], own[key]) for s in scored for key in head)
     assert all(torch.equal(got[key], own[key]) for key in head)
+
+
+def test_models_are_weighed_on_the_clients_own_validation_data_under_a_shared_test_pool(tiny):
+    """The paper scores the downloaded models on the client's own validation data. Under a shared test
+    pool the protocol's val is the pooled split, one set for every client: weighing on it would rank
+    models by the federation's data, not the client's, at the cost of the whole pool per model."""
+    sim = _sim(tiny, "eval.test_pool=shared", "partition.kind=dirichlet", "partition.alpha=0.1")
+    sim.run_round(1)
+    sim.ctx.round = 2  # the peers' trained models arrive, at distances > 0
+    scored, evaluate = [], sim.trainer.evaluate
+
+    def recording(state, split, *args, **kwargs):
+        scored.append(split.idx.tolist())
+        return evaluate(state, split, *args, **kwargs)
+
+    sim.trainer.evaluate = recording
+    weights = {}
+    for k in (0, 1):
+        scored.clear()
+        weights[k] = sim.method.receive(k, sim.states[k], sim.method.download(sim.server, k))[WEIGHTS]
+        own = sim.partition.clients[k]["val"].tolist()
+        assert 0 < len(own) < len(sim.clients[k]["val"])  # a client-sized cut of the pool
+        assert scored == [own] * 4  # its own model and the 3 others, each on the client's own val
+    # the labels are skewed (Dirichlet 0.1): scored on the pool, the same models weigh otherwise
+    for k in (0, 1):
+        sim.clients[k]["own_val"] = sim.clients[k]["val"]
+        pooled = sim.method.receive(k, sim.states[k], sim.method.download(sim.server, k))[WEIGHTS]
+        assert not torch.allclose(pooled, weights[k])
 
 
 def test_selection_is_epsilon_greedy_on_the_affinity():

@@ -14,6 +14,7 @@ Client side
     plan(k, state, received) -> phases  local training as data (which parameters, how long, optimizer, loss)
     local_train(k, state, received)     executes the plan; override only what a plan cannot say
     upload(k, state) -> payload         what client k sends (which entries are shared)
+    replaced_on_receive() -> keys       what every receive overwrites: a trained client need not keep it
     evaluation_state(k, state) -> state what is scored, given the model the protocol picked
 After the run
     run_warnings(diagnostics) -> lines how the run degenerated, if it did (read from logged scalars)
@@ -124,9 +125,12 @@ class Context:
     optim: Optim  # the config's optimizer
     # fit(k, state, phases) -> (state, mean loss): train client k's state on its train split
     fit: Callable[[int, State, Sequence[Phase]], tuple[State, float]]
-    # evaluate(k, state, split) -> (correct, count, summed loss) on client k's "val" or "test"
+    # evaluate(k, state, split) -> (correct, count, summed loss) on client k's "val", "test" or "own_val"
     evaluate: Callable[[int, State, str], tuple[int, int, float]]
-    # split(k, name) -> client k's "train", "val" or "test" data as the protocol defines it
+    # split(k, name) -> client k's "train", "val" or "test" data as the protocol defines it (under
+    # eval.test_pool shared, val and test are the pooled splits, the same for all clients of a task),
+    # or "own_val": the client's own validation cut under every pool, for a method that weighs or
+    # picks models on the client's validation data
     split: Callable[[int, str], Split]
     # batches(k, epochs=None, steps=None, split="train", seed=None) -> shuffled, augmented minibatches
     # from the client's stream of the round, or from a stream of their own when a seed is given;
@@ -226,6 +230,15 @@ class Method:
 
     def upload(self, k: int, state: State) -> State:
         return select(state, self.shared)
+
+    def replaced_on_receive(self) -> set[str]:
+        """The entries every `receive` overwrites whole with what `download` sends, whatever the client
+        held: a trained client need not keep them until its next round. Under `eval.model: received`
+        the simulator drops them from a trained client's state, so a client holds what it keeps
+        personal (docs/methods.md, client state). A method that overrides download or receive states
+        its own set; until it does, its clients keep everything."""
+        plain = type(self).download is Method.download and type(self).receive is Method.receive
+        return set(self.shared) if plain else set()
 
     def descend(self, k: int, opt: torch.optim.Optimizer, objective: Callable[[Batch], torch.Tensor],
                 before_step: Callable[[], None] | None = None) -> tuple[torch.Tensor, int]:

@@ -66,6 +66,9 @@ class ClusteredFL(Method):
     def cluster_of(server: dict, k: int) -> int:
         return next(i for i, members in enumerate(server["clusters"]) if k in members)
 
+    def replaced_on_receive(self) -> set[str]:
+        return set(self.shared)  # the cluster's model: every shared entry
+
     def download(self, server: dict, k: int) -> State:
         return dict(server["models"][self.cluster_of(server, k)])
 

@@ -152,6 +152,9 @@ class FactorizedFL(Method):
         return {"init": clone(select(init_state, self.shared)), "latest": {}, "keys": {}, "sizes": {},
                 "weights": torch.zeros(K, K, dtype=torch.float64), "counts": torch.zeros(K, K, dtype=torch.long)}
 
+    def replaced_on_receive(self) -> set[str]:
+        return set(self.shared)  # the mixture of the matched clients' shared entries
+
     def download(self, server: dict, k: int) -> State:
         latest = server["latest"]
         if not self.shared:

@@ -96,6 +96,10 @@ class FedCAC(Method):
         return {"global": clone(select(init_state, self.keys)), "models": {}, "masks": {},
                 "collaborators": torch.zeros(self.ctx.num_clients, self.ctx.num_clients, dtype=torch.bool)}
 
+    def replaced_on_receive(self) -> set[str]:
+        # every shared parameter, its critical entries from the client's customised model on the server
+        return set(self.keys)
+
     def download(self, server: dict, k: int) -> State:
         """The global model, with client k's critical entries from its customised model."""
         glob = server["global"]

@@ -237,6 +237,10 @@ class FedFac(Method):
             out[key] = t
         return out
 
+    def replaced_on_receive(self) -> set[str]:
+        # the shared entries arrive whole; a split layer's units arrive only as its shared rows
+        return set(self.shared)
+
     def upload(self, k: int, state: State) -> State:
         out = {key: state[key] for key in self.shared}
         analysed = self._analyses(self.ctx.round)

@@ -1,7 +1,7 @@
 """FedFOMO (Zhang, Sapra, Fidler, Yeung & Alvarez, ICLR 2021; a baseline of 000/002 C.1 and 003).
 
 The server stores every client's latest model. Each round client k downloads H = `models_downloaded`
-other clients' models, scores each on its own validation split, weighs model n by the first-order
+other clients' models, scores each on its own validation data, weighs model n by the first-order
 gain per distance w_n = max(0, (L_k(theta_k) - L_k(theta_n)) / ||theta_n - theta_k||) and moves
 towards the helpful ones.
 
@@ -66,10 +66,10 @@ class FedFOMO(Method):
         self.distance_keys = [k for k in self.shared if k in ctx.param_keys]
         if next(ctx.model.parameters()).device.type == "meta":
             return  # `fedfactor cost`: no data to check
-        empty = [k for k in range(ctx.num_clients) if len(ctx.split(k, "val")) == 0]
+        empty = [k for k in range(ctx.num_clients) if len(ctx.split(k, "own_val")) == 0]
         if empty:
-            raise UsageError(f"method fedfomo scores models on each client's validation split, but client {empty[0]} "
-                             f"({len(empty)} of {ctx.num_clients}) has none; give data.split a val share "
+            raise UsageError(f"method fedfomo scores models on each client's own validation split, but client "
+                             f"{empty[0]} ({len(empty)} of {ctx.num_clients}) has none; give data.split a val share "
                              "(e.g. [0.8, 0.1, 0.1]) or set partition.samples_per_client.val")
 
     # -- server side -----------------------------------------------------------------------------
@@ -120,6 +120,10 @@ class FedFOMO(Method):
         return {**server, "models": models, "affinity": affinity}
 
     # -- client side -----------------------------------------------------------------------------
+    def replaced_on_receive(self) -> set[str]:
+        # the client's own latest model from the server, when it is sent, before the peers are mixed in
+        return set(self.shared) if self.hp.own_from_server else set()
+
     def receive(self, k: int, state: State, payload: State) -> State:
         peers: dict[int, State] = {}
         own = {}
@@ -138,11 +142,13 @@ class FedFOMO(Method):
         return {**self.mix(state, models, mixing_weights(raw)), WEIGHTS: raw.to(device, torch.float32)}
 
     def val_loss(self, k: int, state: State) -> float:
-        _, count, loss = self.ctx.evaluate(k, state, "val")
+        # the client's own validation cut (the paper's), not the pooled split a shared test pool
+        # scores on: that one is every client's data, and H + 1 passes over it took most of a round
+        _, count, loss = self.ctx.evaluate(k, state, "own_val")
         return loss / count
 
     def weights(self, k: int, state: State, models: list[State]) -> torch.Tensor:
-        """Each received model's unclipped w_n on client k's validation split, scored with k's other
+        """Each received model's unclipped w_n on client k's own validation split, scored with k's other
         entries (its head when heads are local)."""
         losses = torch.tensor([self.val_loss(k, {**state, **m}) for m in models], dtype=torch.float64)
         distances = torch.tensor([float(torch.linalg.vector_norm(torch.cat(

@@ -82,7 +82,8 @@ class PFedGate(Method):
     # -- client side ------------------------------------------------------------------------------
     def init_client(self, k: int, init_state) -> State:
         # The run's initial state was taken before `bind`: its gate entries are the placeholder's.
-        return {**clone(init_state), **clone(self.gate_init)}
+        # Shared by every client, like the base's initial state, not copied K times.
+        return {**super().init_client(k, init_state), **self.gate_init}
 
     def local_train(self, k: int, state: State, received: State) -> tuple[State, float]:
         model = self.ctx.model

@@ -1,0 +1,675 @@
+"""`fedfactor plan`: what a study needs before it is launched (docs/plan.md).
+
+Per study: its runs (final and tuning), their local steps, its datasets (download and disk), the
+peak host and device memory of a run, a run's checkpoint, the disk its results keep, the time where
+a benchmark has measured a step, and the runs that cannot fit the memory the profile requests.
+
+Memory is measured, not written down by hand: each group of runs that share what sets their memory
+(dataset, model, method and its settings, clients, batch size, ...) builds its simulator once on the
+meta device (`Simulator(cfg, dry_run=True)`: shapes, no data), runs one dry round in which every
+client trains, and counts the bytes of the tensors the clients and the server then hold, each tensor
+once (clients share their initial tensors). One forward pass of a batch on the meta device, with
+autograd's saved-tensor hooks counting what backward keeps, gives the activations of training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+
+from .config import Config, load_config, read_mapping
+from .errors import UsageError
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
+PROFILE = REPO / "profiles" / "slurm"
+
+MiB = 2**20
+GiB = 2**30
+
+# Peak RSS of a process that imported python, torch and fedfactor and did nothing else
+# (BENCHMARKS.md, memory against K: "python + torch + fedfactor alone: 541 MB", MB = 2**20 bytes).
+PROCESS_BYTES = 541 * MiB
+# Scoring runs batches of this many samples without gradients (fl.train.Trainer.evaluate).
+EVAL_BATCH = 1024
+
+# Seconds of one local step, by where it ran, model, input shape (C, H, W) and batch size. Only
+# measured numbers go here, with where they were measured; a step not listed is "not measured", and
+# the plan prints no time for it. GPU rows come once a GPU has run `python -m benchmarks gpu`.
+STEP_SECONDS: dict[tuple[str, str, tuple[int, int, int], int], tuple[float, str]] = {
+    ("cpu", "cnn_bn", (1, 8, 8), 16): (
+        0.0021, "BENCHMARKS.md 2026-11-25: a training step of cnn_bn (16/32, FC 64) at batch 16, one thread"),
+}
+DEVICES = ("cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class DatasetFacts:
+    """What is known of a dataset before it is downloaded. Byte counts are the files as served (the
+    source says where each comes from); None where no source gives one."""
+
+    samples: int
+    official_train: int
+    download: int | None
+    source: str
+    natural_clients: int = 0  # writers, roles (LEAF's count)
+    # bytes besides the download that preparing the data writes, where known: extracted files and caches
+    extracted: int | None = 0
+
+
+def _pixels(n: int, c: int, h: int, w: int) -> int:
+    return n * c * h * w
+
+
+# The downloads of torchvision's datasets as their servers report them (Content-Length, the sizes
+# progress bars print), the extracted or cached pixels as uint8 arrays of the dataset's shape.
+DATASET_FACTS: dict[str, DatasetFacts] = {
+    "digits": DatasetFacts(1_797, 1_797, 0, "embedded in scikit-learn; prepare-data copies it to digits.npz",
+                           extracted=475_410),
+    "mnist": DatasetFacts(70_000, 60_000, 9_912_422 + 28_881 + 1_648_877 + 4_542,
+                          "torchvision: the four MNIST .gz files", extracted=_pixels(70_000, 1, 28, 28)),
+    "cifar10": DatasetFacts(60_000, 50_000, 170_498_071, "torchvision: cifar-10-python.tar.gz",
+                            extracted=_pixels(60_000, 3, 32, 32)),
+    "cifar100": DatasetFacts(60_000, 50_000, 169_001_437, "torchvision: cifar-100-python.tar.gz",
+                             extracted=_pixels(60_000, 3, 32, 32)),
+    "svhn": DatasetFacts(99_289, 73_257, 182_040_794 + 64_275_384, "torchvision: train_32x32.mat, test_32x32.mat"),
+    # the JPEGs unpacked (about the zip's size, not counted) and the decoded cache tiny-imagenet-200.npz
+    "tinyimagenet": DatasetFacts(110_000, 100_000, 248_100_043, "cs231n: tiny-imagenet-200.zip",
+                                 extracted=_pixels(110_000, 3, 64, 64)),
+    # docs/data.md: by_write.zip is 568,113,446 B and by_class.zip about 4 GB (not known exactly), and
+    # the JSON shards several GB: only the cache of uint8 pixels is known
+    "femnist": DatasetFacts(805_263, 805_263, None, "NIST SD19 by_class.zip + by_write.zip (about 4.6 GB, "
+                            "docs/data.md)", natural_clients=3_550, extracted=_pixels(805_263, 1, 28, 28)),
+    "shakespeare": DatasetFacts(4_226_158, 4_226_158, None, "Gutenberg 1994-01-100.zip (a few MB, size not "
+                                "known offline)", natural_clients=1_129, extracted=_pixels(4_226_158, 1, 1, 80)),
+}
+
+
+def dataset_facts(name: str, root: str) -> DatasetFacts:
+    """A dataset's facts; a synthetic stand-in is generated (a few hundred samples, no download)."""
+    from .data.datasets import NPZ_PREFIX, SYNTHETIC_PREFIX, _read
+
+    if name.startswith(SYNTHETIC_PREFIX):
+        info, arrays = _read(name, root, download=False)
+        n = len(arrays.y_train) + len(arrays.y_test)
+        return DatasetFacts(n, len(arrays.y_train), 0, "generated", info.natural_clients, 0)
+    if name.startswith(NPZ_PREFIX):
+        info, arrays = _read(name, root, download=False)
+        n = len(arrays.y_train) + len(arrays.y_test)
+        path = Path(name[len(NPZ_PREFIX):])
+        return DatasetFacts(n, len(arrays.y_train), 0, f"your file {path}", info.natural_clients, path.stat().st_size)
+    if name not in DATASET_FACTS:
+        raise UsageError(f"plan knows no sizes for dataset {name!r}; add it to fedfactor.plan.DATASET_FACTS")
+    return DATASET_FACTS[name]
+
+
+# ------------------------------------------------------------------------------- a study's runs
+
+@dataclass
+class RunSpec:
+    """Runs that differ by their seed alone: `seeds` runs of one scenario, method (and tuning point)."""
+
+    kind: str  # "final" or "tuning"
+    name: str  # "scenario/method" or "scenario/method@pI"
+    sets: list[str]
+    seeds: int
+
+
+def read_study(paths: Iterable[str | Path]) -> dict[str, Any]:
+    """A study file, and files that override it, merged as Snakemake merges --configfile files, with
+    the schema's defaults filled in (the workflow's checks of the files apply: workflow.py)."""
+    from snakemake.utils import validate  # type: ignore[import-untyped]
+
+    from .workflow import check_config_files, check_required_keys, deep_merge
+
+    paths = [str(p) for p in paths]
+    check_config_files(paths)
+    config: dict[str, Any] = {}
+    for path in paths:
+        config = deep_merge(config, read_mapping(path))
+    check_required_keys(config)
+    try:
+        validate(config, str(SCHEMA), set_default=True)
+    except Exception as e:  # noqa: BLE001 - Snakemake's WorkflowError: the schema's message in one line
+        from .workflow import schema_problem
+
+        raise UsageError(f"{paths[0]}: {schema_problem(e)}") from None
+    return config
+
+
+def study_runs(config: dict[str, Any]) -> list[RunSpec]:
+    """Every run the study's workflow trains, as study.smk expands them: scenarios x implemented methods
+    x seeds (the values chosen on validation where the study is tuned and they can be read), and the
+    tuning runs, scenarios x methods x grid points x tuning seeds."""
+    from . import tuning
+    from .workflow import (implemented, method_entry, method_sets, run_sets, scenario_overrides, selected,
+                           tuning_file)
+
+    if "simulation" in config:
+        return []
+    scenarios = selected(config, "scenarios")
+    listed = implemented(config, selected(config, "methods"))
+    methods = [m for m, ok in listed.items() if ok]
+    tuned: dict[str, dict[str, dict]] | None = None
+    tune = config["tuning"] if tuning_file(config) else None
+    if tune:
+        try:
+            chosen_file = {**tune, "file": str(_repo_path(tune["file"]))}
+            tuned = tuning.read_chosen(chosen_file, scenarios, methods)
+        except UsageError:  # not tuned yet: the final runs' settings are the study's own
+            tuned = None
+    specs = []
+    for s in scenarios:
+        base = run_sets(scenario_overrides(config, s), scenario=s, data={"root": config["data_root"]})
+        for m in methods:
+            entry = method_entry(config, s, m)
+            final = tuning.with_values(entry, tuned[s][m]) if tuned else entry
+            specs.append(RunSpec("final", f"{s}/{m}", [*base, *method_sets(final, m)], len(config["seeds"])))
+            if tune:
+                for i, values in enumerate(tuning.points(tune, m)):
+                    specs.append(RunSpec("tuning", f"{s}/{m}@{tuning.point_name(i)}",
+                                         [*base, *method_sets(tuning.with_values(entry, values), m)],
+                                         len(tune["seeds"])))
+    return specs
+
+
+def _repo_path(path: str | Path) -> Path:
+    """A path a study names, from the working directory, else from the repository (tests run anywhere)."""
+    p = Path(path)
+    return p if p.is_absolute() or p.exists() else REPO / p
+
+
+# ------------------------------------------------------------------------------------ measuring
+
+def tensor_bytes(objs: Iterable[Any]) -> int:
+    """Bytes of the tensors in nested dicts, lists and tuples, each tensor object once (clients share
+    their initial tensors: a run holds them once; torch.save writes a shared storage once)."""
+    seen: set[int] = set()
+    total = 0
+    stack = list(objs)
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, torch.Tensor):
+            if id(obj) not in seen:
+                seen.add(id(obj))
+                total += obj.numel() * obj.element_size()
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+    return total
+
+
+@contextlib.contextmanager
+def _shapes_only() -> Iterator[None]:
+    """Meta `nonzero` assumes every element non-zero, so that payloads whose sizes depend on values
+    (FedFac's split, Factorized-FL's pruned mu) come out at their largest."""
+    import torch.fx.experimental._config as fx_config
+
+    with getattr(fx_config, "patch")(meta_nonzero_assume_all_nonzero=True):
+        yield
+
+
+def _activation_bytes(model: torch.nn.Module, input_shape: tuple[int, ...], batch: int) -> int:
+    """What backward keeps of one training batch: the bytes of the tensors autograd saves during the
+    forward pass and the loss (the model's own parameters, which autograd saves too, not counted:
+    they are counted as the model)."""
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    seen: set[int] = set()
+    saved = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        key = t.untyped_storage()._cdata
+        if key not in params and key not in seen:
+            seen.add(key)
+            saved += t.untyped_storage().nbytes()
+        return t
+
+    x = torch.zeros((batch, *input_shape), device="meta")
+    y = torch.zeros(batch, dtype=torch.long, device="meta")
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        torch.nn.functional.cross_entropy(model(x).reshape(batch, -1), y)
+    return saved
+
+
+def _eval_bytes(model: torch.nn.Module, input_shape: tuple[int, ...]) -> int:
+    """A bound of scoring's transient memory: the largest output of any module at batch EVAL_BATCH,
+    twice (its input and output live together); nothing is saved without gradients."""
+    largest = 0
+
+    def hook(module: torch.nn.Module, args: Any, out: Any) -> None:
+        nonlocal largest
+        if isinstance(out, torch.Tensor):
+            largest = max(largest, out.numel() * out.element_size())
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    try:
+        with torch.no_grad():
+            model(torch.zeros((EVAL_BATCH, *input_shape), device="meta"))
+    finally:
+        for h in handles:
+            h.remove()
+    return 2 * largest
+
+
+@dataclass
+class Measured:
+    """One group's memory, in bytes, measured on the meta device."""
+
+    model: int  # the model's parameters and buffers
+    states: int  # what the clients and the server hold once every client has trained
+    round_extra: int  # what a round holds on top: uploads kept for aggregate, or the streamed sum
+    training: int  # on a GPU: one batched step's (clients trained together) gradients, optimizer state, activations
+    training_cpu: int  # on a CPU, where clients train one by one: one client's
+    checkpoint: int  # the simulator's state_dict, shared tensors once
+    kept: int  # client_weights.npz: the diagnosed clients' analysed layers (float16)
+    how: str  # "measured", or why a part is a bound
+
+
+def _round_all_clients(sim: Any) -> str:
+    """One dry round in which every client trains: what every client holds late in a long run. A
+    method whose round needs values (a split decided on trained weights) keeps its clients as built,
+    and the plan counts for each what a trained client keeps of its own (Method.replaced_on_receive)."""
+    sampled = sim.sample
+    sim.sample = lambda rnd: list(sim.members)
+    try:
+        sim.run_round(1)
+    except (NotImplementedError, RuntimeError) as e:
+        return (f"bound: {type(e).__name__} in the dry round ({str(e).splitlines()[0][:60]}), each client what a "
+                "trained one keeps of its own")
+    finally:
+        sim.sample = sampled
+    # Training writes a client's entries into tensors of its own; a dry round trains nothing, so what
+    # a client kept may still be the server's or the initial tensors: each gets a copy of its own.
+    for k in sim.members:
+        copies: dict[int, torch.Tensor] = {}
+        sim.states[k] = {key: copies.setdefault(id(t), t.clone()) if isinstance(t, torch.Tensor) else t
+                         for key, t in sim.states[k].items()}
+    return "measured"
+
+
+def measure(cfg: Config) -> Measured:
+    """A group's memory: its simulator on the meta device after a dry round of every client."""
+    from .fl.batched import batchable
+    from .models.layers import effective_weight
+    from .simulator import Simulator
+
+    cfg = cfg.model_copy(deep=True)
+    cfg.partition.file = None  # the partition job's file need not exist yet: shapes come from the spec
+    with _shapes_only():
+        sim = Simulator(cfg, dry_run=True, largest_payloads=True)
+        how = _round_all_clients(sim)
+    model = tensor_bytes([sim.init])
+    members = len(sim.members)
+    if how == "measured":
+        states = tensor_bytes([sim.states, sim.server])
+        upload = sim.meter.history[-1][0] // max(members, 1)
+    else:  # what a trained client keeps of its own (Simulator._trim), each client a copy of it
+        dropped = sim.method.replaced_on_receive() if sim._trim else set()
+        own = {key: t for key, t in sim.states[0].items() if key not in dropped}
+        states = model + members * tensor_bytes([own]) + tensor_bytes([sim.server])
+        upload = model
+    sampled = len(sim.sample(1))
+    # Streamed (the base aggregate): one upload at a time and the float64 sum; otherwise every upload
+    # of the round until aggregate.
+    round_extra = upload + 2 * upload if sim._stream else sampled * upload
+    params = sum(p.numel() * p.element_size() for p in sim.model.parameters() if p.requires_grad)
+    optimizer = {"sgd": 1 if cfg.fl.momentum > 0 else 0, "adam": 2}[cfg.fl.optimizer]
+    info = sim.ctx.input_shape
+    net = sim.model
+    try:
+        activations = _activation_bytes(net.train(), info, cfg.fl.batch_size)
+    except (NotImplementedError, RuntimeError):
+        # a forward pass that reads values (pFedGate's gate rounds its weights): the model the method
+        # prepared from, whose layers the method's model computes too
+        from .data import dataset_info
+        from .models import build_model
+
+        d = dataset_info(cfg.data.name, cfg.data.root)
+        with torch.device("meta"):
+            net = build_model(cfg.model.name, d.channels, d.height, d.width, d.num_classes)
+        activations = _activation_bytes(net.train(), info, cfg.fl.batch_size)
+        how += "; activations of the plain model (its forward pass reads values)"
+    step = activations + (2 + optimizer) * params
+    # batched clients (fl/batched.py) train up to batch_clients_max at once, on a GPU under auto
+    together = min(sampled, cfg.fl.batch_clients_max) if batchable(sim.model, torch.device("cuda"),
+                                                                      cfg.fl.batch_clients) else 1
+    scoring = _eval_bytes(net.eval(), info)
+    training, training_cpu = max(together * step, scoring), max(step, scoring)
+    # the checkpoint holds the states and server, then the meter, records and random states
+    checkpoint = states + tensor_bytes([sim.state_dict()]) - tensor_bytes([sim.states, sim.server])
+    kept = 0
+    if cfg.diagnostics.keep_weights:
+        layers = sim.diagnostic_layers().values()
+        clients = len(sim.diagnosed_clients())
+        kept = clients * sum(effective_weight(sim.model, name, sim.init).numel() * 2 for name in layers)
+    return Measured(model, states, round_extra, training, training_cpu, checkpoint, kept, how)
+
+
+# Config keys that change neither a run's memory nor its cost per step: runs differing in these alone
+# are one group, measured once.
+_NOT_MEMORY = {"seed": None, "scenario": None, "label": None, "tracking": None, "checkpoint": None,
+               "fl": ("rounds", "lr", "weight_decay", "eval_every", "max_loss", "on_divergence"),
+               "eval": ("report",), "partition": ("alpha", "permutation_seed", "min_train_samples"),
+               "data": ("root", "download")}
+
+
+def group_key(cfg: Config) -> str:
+    d = cfg.model_dump(mode="json")
+    for section, keys in _NOT_MEMORY.items():
+        if keys is None:
+            d.pop(section, None)
+        else:
+            for key in keys:
+                d.get(section, {}).pop(key, None)
+    return json.dumps(d, sort_keys=True)
+
+
+_MEASURED: dict[str, Measured] = {}  # one measurement per group in a process (--all shares groups)
+
+
+def measured(cfg: Config) -> Measured:
+    key = group_key(cfg)
+    if key not in _MEASURED:
+        _MEASURED[key] = measure(cfg)
+    return _MEASURED[key]
+
+
+# ------------------------------------------------------------------------------------- the plan
+
+@dataclass
+class Group:
+    """Runs that share their memory and cost per step."""
+
+    key: str
+    names: list[str]
+    kind: str
+    runs: int
+    steps: int  # local steps of all its runs
+    dataset: str
+    model: str
+    method: str
+    clients: int
+    batch: int
+    host_cpu: int  # peak host memory of a run on a CPU
+    host_gpu: int  # peak host memory of a run on a GPU
+    device: int  # peak GPU memory of a run on a GPU
+    memory: Measured
+    step_key: tuple[str, tuple[int, int, int], int]
+    fits: str = ""  # why it cannot fit the requested memory, or ""
+
+
+def local_steps(cfg: Config, facts: DatasetFacts) -> int:
+    """One run's local steps: rounds x clients sampled a round x epochs x batches of a client's mean
+    train share (a method's extra phases, FedRep's head epochs, FedEM's components, not counted)."""
+    K = cfg.fl.clients
+    f_train, f_val, _ = cfg.data.split
+    if cfg.partition.kind == "dirichlet_fixed":
+        per_client = float(cfg.partition.samples_per_client.train)
+    elif cfg.partition.kind == "natural":
+        per_client = facts.samples / max(facts.natural_clients, 1) * f_train
+    elif cfg.data.split_mode == "official":
+        per_client = facts.official_train * f_train / (f_train + f_val) / K
+    else:
+        per_client = facts.samples * f_train / K
+    members = K - int(round(cfg.eval.new_clients * K))
+    sampled = max(1, int(round(cfg.fl.fraction * members)))
+    return cfg.fl.rounds * sampled * cfg.fl.epochs * math.ceil(per_client / cfg.fl.batch_size)
+
+
+def dataset_bytes(facts: DatasetFacts, shape: tuple[int, int, int]) -> tuple[int, int]:
+    """(while loading, resident): the file's uint8 arrays and their float32 copy while a job loads it,
+    then the float32 samples and int64 labels it trains from (datasets.load_dataset)."""
+    n = facts.samples
+    resident = 4 * n * math.prod(shape) + 8 * n
+    return n * math.prod(shape) + resident, resident
+
+
+@dataclass
+class StudyPlan:
+    study: str
+    files: list[str]
+    groups: list[Group] = field(default_factory=list)
+    datasets: dict[str, DatasetFacts] = field(default_factory=dict)
+    flagged: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Node:
+    """What the profile's train rule asks of a node: memory in bytes (None: not requested) and GPUs."""
+
+    memory: int | None
+    gpus: int
+    source: str
+    device_memory: int | None = None
+
+
+def profile_node(profile: str | Path | None, gpus_per_job: int, device_memory: int | None = None) -> Node:
+    """The train rule's request under a Snakemake profile (its set-resources, else default-resources):
+    mem_mb and gpu. Without a profile: no memory request, the study's gpus_per_job."""
+    if profile is None:
+        return Node(None, gpus_per_job, "no profile", device_memory)
+    path = Path(profile) / "config.yaml"
+    doc = read_mapping(path)
+    train = (doc.get("set-resources") or {}).get("train") or {}
+    default = doc.get("default-resources") or {}
+    mem = train.get("mem_mb", default.get("mem_mb"))
+    gpus = train.get("gpu", default.get("gpu", gpus_per_job))
+    return Node(None if mem is None else int(mem) * 10**6, int(gpus), str(path), device_memory)
+
+
+def _run_config(run_config: str, sets: list[str]) -> Config:
+    """A run's config as its train job loads it, the method's hyperparameters typed and checked."""
+    from .methods import build
+
+    cfg = load_config(run_config, sets)
+    cfg.method = getattr(build(cfg.method), "spec")
+    return cfg
+
+
+def plan_study(paths: list[str], node_for: Callable[[dict], Node] | None = None) -> StudyPlan:
+    config = read_study(paths)
+    plan = StudyPlan(config["study"], [str(p) for p in paths])
+    run_config = str(_repo_path(config.get("run_config", "")))
+    groups: dict[str, Group] = {}
+    for spec in study_runs(config):
+        try:
+            cfg = _run_config(run_config, spec.sets)
+        except UsageError as e:
+            raise UsageError(f"{paths[0]}: {spec.name}: {e}") from None
+        facts = plan.datasets.get(cfg.data.name) or dataset_facts(cfg.data.name, cfg.data.root)
+        plan.datasets[cfg.data.name] = facts
+        key = spec.kind + group_key(cfg)
+        steps = spec.seeds * local_steps(cfg, facts)
+        if key in groups:
+            g = groups[key]
+            g.names.append(spec.name)
+            g.runs += spec.seeds
+            g.steps += steps
+            continue
+        try:
+            m = measured(cfg)
+        except UsageError as e:
+            raise UsageError(f"{paths[0]}: {spec.name}: {e}") from None
+        from .data import dataset_info
+
+        info = dataset_info(cfg.data.name, cfg.data.root)
+        shape = (info.channels, info.height, info.width)
+        loading, resident = dataset_bytes(facts, shape)
+        on_device = resident + m.states + m.round_extra + m.training
+        on_cpu = resident + m.states + m.round_extra + m.training_cpu
+        groups[key] = Group(
+            key, [spec.name], spec.kind, spec.seeds, steps, cfg.data.name, cfg.model.name, cfg.method["name"],
+            cfg.fl.clients, cfg.fl.batch_size,
+            host_cpu=PROCESS_BYTES + max(loading, on_cpu),
+            # on a GPU the host loads the data and hands it over; a checkpoint is copied out tensor by tensor
+            host_gpu=PROCESS_BYTES + loading,
+            device=on_device, memory=m, step_key=(cfg.model.name, shape, cfg.fl.batch_size))
+    plan.groups = list(groups.values())
+    node = node_for(config) if node_for else None
+    if node is not None:
+        for g in plan.groups:
+            g.fits = fit_problem(g, node)
+            if g.fits:
+                more = f" (and {len(g.names) - 1} more)" if len(g.names) > 1 else ""
+                plan.flagged.append(f"{plan.study}: {g.kind} {g.names[0]}{more}: {g.fits}")
+    return plan
+
+
+def fit_problem(g: Group, node: Node) -> str:
+    """Why a group's runs cannot fit the node, or ""."""
+    host = g.host_gpu if node.gpus else g.host_cpu
+    if node.memory is not None and host > node.memory:
+        return (f"needs {gib(host)} of host memory, the train rule requests {gib(node.memory)} ({node.source})")
+    if node.gpus and node.device_memory is not None and g.device > node.device_memory:
+        return f"needs {gib(g.device)} of GPU memory, the GPU has {gib(node.device_memory)}"
+    return ""
+
+
+def hours(plan: StudyPlan, where: str) -> float | None:
+    """The study's hours of local steps on `where` (one CPU thread, or one GPU), or None when a step of
+    some group is not measured."""
+    total = 0.0
+    for g in plan.groups:
+        step = STEP_SECONDS.get((where, *g.step_key))
+        if step is None:
+            return None
+        total += g.steps * step[0]
+    return total / 3600
+
+
+# ---------------------------------------------------------------------------------------- output
+
+def gib(n: float) -> str:
+    return f"{n / GiB:,.2f} GiB" if n >= GiB / 10 else f"{n / MiB:,.1f} MiB"
+
+
+def _size(n: int | None) -> str:
+    return "not known" if n is None else "0" if n == 0 else gib(n)
+
+
+def summary(plan: StudyPlan) -> dict[str, Any]:
+    """One study's row, as numbers (the JSON) before formatting."""
+    final = [g for g in plan.groups if g.kind == "final"]
+    tune = [g for g in plan.groups if g.kind == "tuning"]
+    downloads = [f.download for f in plan.datasets.values()]
+    disk = sum((f.download or 0) + (f.extracted or 0) for f in plan.datasets.values())
+    biggest = max(plan.groups, key=lambda g: g.memory.checkpoint) if plan.groups else None
+    hours_by = {where: hours(plan, where) for where in DEVICES}
+    return {
+        "study": plan.study, "files": plan.files,
+        "runs": sum(g.runs for g in final), "tuning_runs": sum(g.runs for g in tune),
+        "groups": len(plan.groups),
+        "local_steps": sum(g.steps for g in final), "tuning_local_steps": sum(g.steps for g in tune),
+        "datasets": {name: {"samples": f.samples, "download_bytes": f.download, "source": f.source,
+                            "extracted_bytes": f.extracted} for name, f in plan.datasets.items()},
+        "download_bytes": None if None in downloads else sum(d or 0 for d in downloads),
+        "disk_bytes_at_least": disk,
+        "host_bytes_cpu_run": max((g.host_cpu for g in plan.groups), default=0),
+        "host_bytes_gpu_run": max((g.host_gpu for g in plan.groups), default=0),
+        "device_bytes": max((g.device for g in plan.groups), default=0),
+        "checkpoint_bytes": biggest.memory.checkpoint if biggest else 0,
+        "results_bytes": sum(g.runs * g.memory.kept for g in plan.groups),
+        "cpu_hours": hours_by["cpu"], "gpu_hours": hours_by["gpu"],
+        "bounds": sorted({g.memory.how for g in plan.groups if g.memory.how != "measured"}),
+        "cannot_fit": plan.flagged,
+    }
+
+
+def group_rows(plan: StudyPlan) -> list[dict[str, Any]]:
+    return [{"kind": g.kind, "runs": g.runs, "first": g.names[0], "more": len(g.names) - 1, "dataset": g.dataset,
+             "model": g.model, "method": g.method, "clients": g.clients, "batch": g.batch, "local_steps": g.steps,
+             "model_bytes": g.memory.model, "states_bytes": g.memory.states, "round_bytes": g.memory.round_extra,
+             "training_bytes": g.memory.training, "host_bytes_cpu_run": g.host_cpu, "host_bytes_gpu_run": g.host_gpu,
+             "device_bytes": g.device, "checkpoint_bytes": g.memory.checkpoint, "kept_bytes": g.memory.kept,
+             "memory": g.memory.how, "cannot_fit": g.fits} for g in plan.groups]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    """A markdown table, columns padded so it reads as well in a terminal."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+def _hours(h: float | None, runs: int) -> str:
+    return "-" if not runs else "not measured" if h is None else f"{h:,.1f}"
+
+
+def summary_table(plans: list[StudyPlan]) -> str:
+    header = ["study", "runs", "tuning runs", "local steps", "datasets", "download", "disk (at least)",
+              "host/run CPU", "host/run GPU", "GPU mem/run", "checkpoint", "results kept", "CPU-h (1 thread)",
+              "GPU-h", "runs that cannot fit"]
+    rows = []
+    for plan in plans:
+        s = summary(plan)
+        rows.append([s["study"], f"{s['runs']:,}", f"{s['tuning_runs']:,}",
+                     f"{s['local_steps'] + s['tuning_local_steps']:,}", ", ".join(s["datasets"]) or "-",
+                     _size(s["download_bytes"]), _size(s["disk_bytes_at_least"]), gib(s["host_bytes_cpu_run"]),
+                     gib(s["host_bytes_gpu_run"]), gib(s["device_bytes"]), gib(s["checkpoint_bytes"]),
+                     _size(s["results_bytes"]), _hours(s["cpu_hours"], s["runs"]), _hours(s["gpu_hours"], s["runs"]),
+                     f"{sum(g.runs for g in plan.groups if g.fits):,}"])
+    return _table(header, rows)
+
+
+def groups_table(plan: StudyPlan) -> str:
+    header = ["runs", "kind", "scenario/method", "dataset", "model", "method", "clients", "batch", "local steps",
+              "states", "round", "training", "host/run CPU", "host/run GPU", "GPU mem", "checkpoint", "memory"]
+    rows = [[f"{r['runs']:,}", r["kind"], r["first"] + (f" +{r['more']}" if r["more"] else ""), r["dataset"],
+             r["model"], r["method"], f"{r['clients']:,}", str(r["batch"]), f"{r['local_steps']:,}",
+             gib(r["states_bytes"]), gib(r["round_bytes"]), gib(r["training_bytes"]), gib(r["host_bytes_cpu_run"]),
+             gib(r["host_bytes_gpu_run"]), gib(r["device_bytes"]), gib(r["checkpoint_bytes"]),
+             "measured" if r["memory"] == "measured" else "bound"] for r in group_rows(plan)]
+    return _table(header, rows)
+
+
+def study_files(all_studies: bool, study: list[str] | None) -> list[list[str]]:
+    """The study files to plan: --all (config/config.yaml, then config/studies/*.yaml), or one study
+    and the files that override it."""
+    if all_studies:
+        return [[str(REPO / "config" / "config.yaml")],
+                *([str(p)] for p in sorted((REPO / "config" / "studies").glob("*.yaml")))]
+    if not study:
+        raise UsageError("give --study FILE [OVERRIDE ...] or --all")
+    return [study]
+
+
+def check_memory(study: str, run_config: str, runs: Iterable[tuple[str, list[str]]], node: Node) -> None:
+    """The workflow's check at DAG build: each run group's planned peak host memory against what the
+    profile requests for the train rule; the first run that cannot fit ends the build, naming the
+    study, the run and the need against the request. Each group is measured once."""
+    if node.memory is None:
+        return
+    seen: set[str] = set()
+    for name, sets in runs:
+        cfg = _run_config(run_config, sets)
+        key = group_key(cfg)
+        if key in seen:
+            continue
+        seen.add(key)
+        facts = dataset_facts(cfg.data.name, cfg.data.root)
+        from .data import dataset_info
+
+        info = dataset_info(cfg.data.name, cfg.data.root)
+        loading, resident = dataset_bytes(facts, (info.channels, info.height, info.width))
+        if node.gpus:
+            need = PROCESS_BYTES + loading
+        else:
+            m = measured(cfg)
+            need = PROCESS_BYTES + max(loading, resident + m.states + m.round_extra + m.training)
+        if need > node.memory:
+            where = "on a GPU" if node.gpus else "on the CPU"
+            raise UsageError(f"study {study}: {name} needs {gib(need)} of host memory a run ({where}; `fedfactor "
+                             f"plan` says why), but the train rule requests {gib(node.memory)} ({node.source})")
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
