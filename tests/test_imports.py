@@ -28,6 +28,7 @@ LAYERS = [
     {"simulator", "tracking"},  # the round loop sits above the methods it runs
     {"job"},
     {"report", "workflow", "tuning"},
+    {"plan"},  # a study's needs, from its runs as the workflow expands them
     {"progress"},
     {"cli"},
     {"__main__"},

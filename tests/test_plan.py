@@ -17,7 +17,6 @@ from fedfactor import plan
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
 from fedfactor.models import build_model
-from fedfactor.workflow import check_run_memory
 
 REPO = Path(__file__).resolve().parents[1]
 DIGITS = str(REPO / "config" / "runs" / "digits.yaml")
@@ -96,9 +95,9 @@ def test_check_run_memory_refuses_a_run_that_cannot_fit(tmp_path):
     settings = lambda **train: SimpleNamespace(overwrite_resources={"train": train}, default_resources=None)  # noqa: E731
     with pytest.raises(UsageError, match=r"study tiny_plan: scenario 'iid', method 'fedavg' needs 0\.\d+ GiB .* "
                                          r"requests 95\.4 MiB \(mem_mb=100"):
-        check_run_memory(config, DIGITS, runs, settings(mem_mb=100))
-    check_run_memory(config, DIGITS, runs, settings(mem_mb=8000))  # fits
-    check_run_memory(config, DIGITS, runs, settings())  # nothing requested: nothing to check
+        plan.check_run_memory(config, DIGITS, runs, settings(mem_mb=100))
+    plan.check_run_memory(config, DIGITS, runs, settings(mem_mb=8000))  # fits
+    plan.check_run_memory(config, DIGITS, runs, settings())  # nothing requested: nothing to check
 
 
 def test_profile_node_reads_the_train_rule():

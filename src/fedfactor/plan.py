@@ -673,3 +673,30 @@ def check_memory(study: str, run_config: str, runs: Iterable[tuple[str, list[str
 
 def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def requested_resource(settings: Any, rule: str, name: str) -> int | None:
+    """A number the command line or profile requests for `rule` (--set-resources, else
+    --default-resources), or None where none is given or it is an expression evaluated per job."""
+    for mapping in (settings.overwrite_resources.get(rule), settings.default_resources):
+        try:
+            value = mapping[name]
+        except (KeyError, TypeError):  # not given, or no mapping at all
+            continue
+        value = getattr(value, "value", value)  # Snakemake's Resource
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return int(value)
+    return None
+
+
+def check_run_memory(config: dict[str, Any], run_config: str, runs: Iterable[tuple[str, list[str]]],
+                     settings: Any) -> None:
+    """Every run group's planned peak host memory (`fedfactor plan`) against the mem_mb the active
+    profile or command line requests for the train rule; nothing to check where none is requested
+    (the default local profile). With GPUs requested, the host holds the data while it loads."""
+    mem_mb = requested_resource(settings, "train", "mem_mb")
+    if mem_mb is None:
+        return
+    gpus = requested_resource(settings, "train", "gpu")
+    node = Node(mem_mb * 10**6, config["gpus_per_job"] if gpus is None else gpus, f"mem_mb={mem_mb} of the train rule")
+    check_memory(config["study"], run_config, runs, node)

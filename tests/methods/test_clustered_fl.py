@@ -98,7 +98,8 @@ def test_within_cluster_average_is_uniform_or_size_weighted(tiny):
 
 
 def test_a_client_receives_its_own_clusters_model_and_sends_what_fedavg_sends(tiny):
-    sim = _sim(tiny, "partition.permute_labels=true")
+    # scored with the trained model, a client keeps its trained body, which the check below reads
+    sim = _sim(tiny, "partition.permute_labels=true", "eval.model=trained")
     base = sim.server["models"][0]
     assert "head.weight" not in base  # permuted labels: heads are local, never sent
     sim.server = {"clusters": [[0, 2], [1, 3]], "models": [base, {k: t + 0.01 for k, t in base.items()}]}

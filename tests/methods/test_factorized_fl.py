@@ -15,7 +15,8 @@ PERMUTED = ["partition.permute_labels=true"]
 
 
 def _sim(tiny, *extra):
-    return Simulator(load_config(None, tiny + list(extra)))
+    # Factorized-FL's protocol: a client is scored with, and keeps, its whole trained model
+    return Simulator(load_config(None, tiny + ["eval.model=trained", *extra]))
 
 
 def _numel(state, keys):
@@ -50,7 +51,8 @@ def test_alpha_text_uploads_exactly_U_and_v_before_the_head_and_downloads_U(tiny
 
 
 def test_alpha_cost_projects_from_shapes_and_pruned_beta_is_refused(tiny):
-    sim = Simulator(load_config(None, tiny + ["method.name=factorized_fl_alpha_text"]), dry_run=True)
+    sim = Simulator(load_config(None, tiny + ["eval.model=trained", "method.name=factorized_fl_alpha_text"]),
+                    dry_run=True)
     sim.run()
     state = sim.states[0]
     U = [k for k in sim.ctx.param_keys if k.endswith(".u") and k.startswith("body.")]
@@ -58,7 +60,7 @@ def test_alpha_cost_projects_from_shapes_and_pruned_beta_is_refused(tiny):
     with pytest.raises(Exception, match="depends on trained values"):
         Simulator(load_config(None, tiny + ["method.name=factorized_fl_beta_text"]), dry_run=True)
     # as run, M travels unpruned: its size no longer depends on trained values
-    dense = Simulator(load_config(None, tiny + ["method.name=factorized_fl_beta"]), dry_run=True)
+    dense = Simulator(load_config(None, tiny + ["eval.model=trained", "method.name=factorized_fl_beta"]), dry_run=True)
     dense.run()
     assert dense.meter.up == 2 * 4 * 4 * _numel(dense.states[0], dense.method.shared)
 

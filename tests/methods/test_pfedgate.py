@@ -9,6 +9,7 @@ from fedfactor.cli import main
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
 from fedfactor.simulator import Simulator
+from fedfactor.fl.state import clone
 from fedfactor.fl.train import Batch, Optim
 from fedfactor.methods import METHODS, Context
 from fedfactor.models import HeadedModel
@@ -49,7 +50,8 @@ def _bound(momentum=0.0, **hp):
                   batches=lambda k, epochs=None, steps=None, split="train", seed=None: iter([batch]),
                   log=lambda n, v: None, input_shape=(1, 2, 2))
     method.bind(ctx)
-    state = method.init_client(0, model.state_dict())
+    # as the simulator gives it: a copy of the model's initial entries, shared by every client
+    state = method.init_client(0, clone(model.state_dict()))
     logits = [0.9, 0.95, 0.6, 0.3]
     state["gate.3.weight"] = torch.zeros(4)  # the gate says these scores whatever the input
     state["gate.3.bias"] = torch.tensor([math.log(p / (1 - p)) for p in logits])

@@ -13,7 +13,8 @@ BN = ["model.name=cnn_bn"]  # the readings differ only where the body has BatchN
 
 
 def _sim(tiny, *extra):
-    return Simulator(load_config(None, tiny + ["method.name=simfed", *extra]))
+    # SimFed's protocol: a client is scored with, and keeps, its whole trained model
+    return Simulator(load_config(None, tiny + ["method.name=simfed", "eval.model=trained", *extra]))
 
 
 def _trained(sim):
