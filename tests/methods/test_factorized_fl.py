@@ -166,7 +166,8 @@ def test_mu_is_pruned_when_evaluated_and_counted_per_round(tiny):
 ])
 @pytest.mark.slow
 def test_with_one_client_every_method_is_local_training(tiny, name, reference):
-    base = [*tiny, "fl.clients=1", "fl.rounds=2"]
+    # scored with the trained model (their protocol): the client keeps it whole, compared below
+    base = [*tiny, "fl.clients=1", "fl.rounds=2", "eval.model=trained"]
     # nothing pruned in transit, and no head reset (factorized_local shares nothing to reset for)
     params = ["method.mu_threshold=0", "method.reset_head=false", "method.keep_optimizer=false"]
     if name.startswith("simfed") and reference != "local":

@@ -9,6 +9,8 @@ from fedfactor.errors import UsageError
 from fedfactor.simulator import Simulator
 from fedfactor.methods.fedcac import MASK, collaborators, critical_mask, overlaps, pack_mask, unpack_mask
 
+from ..conftest import record_uploads
+
 CNN_FLOATS = 188810  # every float entry of the tiny cnn (digits, 10 classes); it has no BatchNorm
 # Its masks, one bit per entry, whole bytes per tensor: conv1 800 + 32, conv2 51200 + 64, fc 131072 + 512,
 # head 5120 + 10 entries -> 100 + 4 + 6400 + 8 + 16384 + 64 + 640 + 2 bytes
@@ -112,13 +114,14 @@ def test_critical_entries_come_from_the_collaborators_and_the_rest_from_everyone
 @pytest.mark.slow
 def test_two_rounds_train_and_send_the_model_plus_its_mask(tiny, capsys):
     sim = _sim(tiny)
+    uploads = record_uploads(sim)
     records = sim.run()
     assert records[-1].test.mean > 0.3  # ten classes: chance is 0.1
     model = CNN_FLOATS * 4
     assert [r.bytes_up_round for r in records] == [4 * (model + CNN_MASK_BYTES)] * 2
     assert [r.bytes_down_round for r in records] == [4 * model] * 2
     # what a client sends: its parameters and, per parameter, its mask (half the entries: tau 0.5)
-    up = sim.method.upload(0, sim.states[0])
+    up = uploads[0]
     assert set(up) == set(sim.ctx.param_keys) | {MASK + key for key in sim.ctx.param_keys}
     mask = unpack_mask(up[MASK + "body.3.weight"], (64, 32, 5, 5))
     assert int(mask.sum()) >= 51200 // 2

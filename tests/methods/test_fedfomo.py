@@ -120,6 +120,19 @@ def test_models_are_weighed_on_the_clients_own_validation_data_under_a_shared_te
         assert not torch.allclose(pooled, weights[k])
 
 
+def test_a_client_without_a_validation_cut_of_its_own_falls_back_on_the_protocols_and_the_run_says_so(tiny):
+    """A tiny client of a skewed partition can have no own val cut while the shared pool has one: it
+    is weighed on the pool rather than refusing a study (default_grid's digits under Dirichlet)."""
+    sim = _sim(tiny, "eval.test_pool=shared")
+    empty = sim.clients[0]["own_val"].idx[:0]
+    sim.clients[0]["own_val"] = type(sim.clients[0]["own_val"])(empty, empty)
+    sim.method.bind(sim.ctx)
+    assert sim.method.val_split == ["val", "own_val", "own_val", "own_val"]
+    (line,) = sim.method.run_warnings([])
+    assert line.startswith("fedfomo: 1 of 4 clients have no validation cut of their own")
+    assert _sim(tiny, "eval.test_pool=shared").method.run_warnings([]) == []
+
+
 def test_selection_is_epsilon_greedy_on_the_affinity():
     affinity = np.array([0.5, -1.0, 2.0, 0.1, 0.0])
     # greedy: the two highest affinities, whatever the random stream

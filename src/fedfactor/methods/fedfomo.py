@@ -64,9 +64,16 @@ class FedFOMO(Method):
     def bind(self, ctx) -> None:
         super().bind(ctx)
         self.distance_keys = [k for k in self.shared if k in ctx.param_keys]
+        # What each client weighs the models on: its own validation cut (the paper's); a client whose
+        # cut is empty (a tiny client of a skewed partition under a shared test pool) falls back on
+        # the protocol's val split, and the run says how many did (run_warnings).
+        self.val_split = ["own_val"] * ctx.num_clients
+        self.fallbacks = 0
         if next(ctx.model.parameters()).device.type == "meta":
             return  # `fedfactor cost`: no data to check
-        empty = [k for k in range(ctx.num_clients) if len(ctx.split(k, "own_val")) == 0]
+        self.val_split = ["own_val" if len(ctx.split(k, "own_val")) else "val" for k in range(ctx.num_clients)]
+        self.fallbacks = self.val_split.count("val")
+        empty = [k for k in range(ctx.num_clients) if len(ctx.split(k, self.val_split[k])) == 0]
         if empty:
             raise UsageError(f"method fedfomo scores models on each client's own validation split, but client "
                              f"{empty[0]} ({len(empty)} of {ctx.num_clients}) has none; give data.split a val share "
@@ -144,7 +151,7 @@ class FedFOMO(Method):
     def val_loss(self, k: int, state: State) -> float:
         # the client's own validation cut (the paper's), not the pooled split a shared test pool
         # scores on: that one is every client's data, and H + 1 passes over it took most of a round
-        _, count, loss = self.ctx.evaluate(k, state, "own_val")
+        _, count, loss = self.ctx.evaluate(k, state, self.val_split[k])
         return loss / count
 
     def weights(self, k: int, state: State, models: list[State]) -> torch.Tensor:
@@ -165,6 +172,13 @@ class FedFOMO(Method):
             step = sum(float(wn) * (m[key].to(torch.float64) - base) for wn, m in zip(w, models) if wn > 0)
             out[key] = (base + step).to(state[key].dtype)
         return out
+
+    def run_warnings(self, diagnostics) -> list[str]:
+        if not self.fallbacks:
+            return []
+        return [f"fedfomo: {self.fallbacks} of {self.ctx.num_clients} clients have no validation cut of their own "
+                "and weighed the downloaded models on the protocol's val split (the pooled one under "
+                "eval.test_pool shared); give data.split a larger val share to weigh every client on its own"]
 
     def upload(self, k: int, state: State) -> State:
         return {**select(state, self.shared), WEIGHTS: state[WEIGHTS]}
