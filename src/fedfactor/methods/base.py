@@ -235,7 +235,7 @@ class Method:
         """The entries every `receive` overwrites whole with what `download` sends, whatever the client
         held: a trained client need not keep them until its next round. Under `eval.model: received`
         the simulator drops them from a trained client's state, so a client holds what it keeps
-        personal (docs/methods.md, client state). A method that overrides download or receive states
+        personal (docs/methods.md, "What a client holds"). A method that overrides download or receive states
         its own set; until it does, its clients keep everything."""
         plain = type(self).download is Method.download and type(self).receive is Method.receive
         return set(self.shared) if plain else set()
