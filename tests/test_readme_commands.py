@@ -90,6 +90,8 @@ def _kind(command: str) -> str:
         return "test-suite"
     if argv[:3] == ["python", "-m", "benchmarks"]:
         return "benchmarks"
+    if argv[0] == "mutmut" or argv[:3] == ["mkdir", "-p", "mutants/src"]:
+        return "mutation"
     if argv[0] in ("snakemake", "mlflow"):
         return argv[0]
     if argv[0] == "fedfactor":
@@ -130,7 +132,19 @@ def test_pip_installs_name_extras_pyproject_has(command):
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     argv = _argv(command)
     target = argv[argv.index("-e") + 1]
-    assert target == "." or re.fullmatch(r"\.\[(\w+)\]", target)[1] in extras, command
+    named = re.fullmatch(r"\.\[([\w,]+)\]", target)
+    assert target == "." or (named and set(named[1].split(",")) <= set(extras)), command
+
+
+@_of("mutation")
+def test_the_mutation_commands_have_their_tool_and_its_configuration(command):
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert any(d.startswith("mutmut") for d in project["project"]["optional-dependencies"]["mutation"])
+    config = project["tool"]["mutmut"]
+    # the modules docs/testing.md names are mutated; everything else is only copied
+    assert config["source_paths"] == ["src/fedfactor/"] and "src/fedfactor/simulator.py" not in config["do_not_mutate"]
+    argv = _argv(command)
+    assert argv[0] == "mkdir" or argv[1] in ("run", "results", "show"), command
 
 
 def _snakemake_dry_run(argv: list[str]) -> tuple[bool, str]:
