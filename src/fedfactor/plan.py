@@ -313,7 +313,7 @@ def measure(cfg: Config) -> Measured:
         states = tensor_bytes([sim.states, sim.server])
         upload = sim.meter.history[-1][0] // max(members, 1)
     else:  # what a trained client keeps of its own (Simulator._trim), each client a copy of it
-        dropped = sim.method.replaced_on_receive() if sim._trim else set()
+        dropped = sim.dropped_when_trained()
         own = {key: t for key, t in sim.states[0].items() if key not in dropped}
         states = model + members * tensor_bytes([own]) + tensor_bytes([sim.server])
         upload = model

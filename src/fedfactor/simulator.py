@@ -295,13 +295,17 @@ class Simulator:
         self._scalars: dict[str, float] = {}
         self._arrays: dict[str, np.ndarray] = {}
 
+    def dropped_when_trained(self) -> set[str]:
+        """The entries a trained client lets go of (`_trim`): what its method's receive overwrites."""
+        return self.method.replaced_on_receive() if self._trim else set()
+
     def _check_memory(self) -> None:
         """Refuse a run whose clients' states alone cannot fit: the model once, and for every client
         what it keeps of its own once trained (all of the model unless a trained client drops what
         receive overwrites; the fewest bytes a method holds: the real need is higher)."""
         bytes_of = lambda keys: sum(self.init[k].numel() * self.init[k].element_size() for k in keys)  # noqa: E731
         model = bytes_of(self.init)
-        own = bytes_of(set(self.init) - (self.method.replaced_on_receive() if self._trim else set()))
+        own = bytes_of(set(self.init) - self.dropped_when_trained())
         K = self.cfg.fl.clients
         need, have = model + K * own, memory_bytes(self.device)
         if have is not None and need > have:
@@ -488,7 +492,7 @@ class Simulator:
         uploads: dict[int, State] = {}
         weights: dict[int, float] = {}
         total = WeightedSum()
-        drop = self.method.replaced_on_receive() if self._trim else set()
+        drop = self.dropped_when_trained()
         losses, skipped = [], []
         try:
             for k, state, result in self._local_training(self.sample(rnd)):
