@@ -110,7 +110,7 @@ else:
             print(f"fedfactor: tuned; the chosen values and every point's validation score are in {TUNING['file']} "
                   "(commit it); `snakemake --cores all` then runs the study with them", flush=True)
         else:
-            print(finished_message(STUDY_DIR, rules.table.output.md), flush=True)
+            print(finished_message(STUDY_DIR, rules.table.output.md, MLFLOW_URI), flush=True)
 
     onerror:
         # registered now, printed at exit: after Snakemake's own closing lines

@@ -402,6 +402,17 @@ def test_study_spec_checks_what_the_workflow_passes_and_writes_it(tmp_path, caps
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
+def test_claims_on_a_study_without_claims_says_so_in_one_line(tmp_path, capsys):
+    spec = {"study": "s", "title": "S", "smoke": False, "seeds": [0], "scenarios": ["a"],
+            "methods": {"fedavg": {"name": "fedavg", "implemented": True}}, "paper": None, "claims": []}
+    (tmp_path / "study.json").write_text(json.dumps(spec))
+    (tmp_path / "runs").mkdir()
+    argv = ["claims", str(tmp_path / "runs"), "--study", str(tmp_path / "study.json"), "--out", str(tmp_path / "claims")]
+    assert main(argv) == 0
+    assert capsys.readouterr().out == "study s lists no claims: nothing to evaluate, nothing written\n"
+    assert not (tmp_path / "claims").exists()
+
+
 @pytest.mark.parametrize("command, out, pattern", [
     ("partition", "{tmp}", "is a folder; name a file"),
     ("partition", "{tmp}/file/p.json", "lies under"),

@@ -157,10 +157,24 @@ def test_start_and_stop_messages_count_the_runs_and_name_the_command(study):
         "fedfactor: stopped with 2 of 5 runs done, 0 checkpointed, 3 still to run.",
         "Run the same command to resume: snakemake --cores all", f"Results so far: {study / LIVE}"]
     table = study / "tables" / "table.md"
-    assert finished_message(study, table) == "fedfactor: 2 of 5 training runs done"  # no table built
+    assert finished_message(study, table) == "fedfactor: 2 of 5 training runs done"  # nothing built yet
+
+
+def test_the_closing_block_names_each_output_the_report_command_mlflow_and_the_warned_runs(study):
+    table = study / "tables" / "table.md"
     table.parent.mkdir()
     table.write_text("")
-    assert finished_message(study, table).endswith(f"2 of 5 training runs done; table: {table}")
+    (study / "figures").mkdir()
+    summary = study / "runs" / "a/local/seed0" / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "warnings": ["matched nobody", "second"]}))
+    assert finished_message(study, table, "sqlite:///r/mlflow.db").splitlines() == [
+        "fedfactor: 2 of 5 training runs done",
+        f"  table:        {table}",
+        f"  figures:      {study / 'figures'}",
+        f"  report:       snakemake --cores all --report {study / 'report.html'}",
+        "  MLflow:       mlflow ui --backend-store-uri sqlite:///r/mlflow.db  (then http://127.0.0.1:5000)",
+        "  warnings:     1 run(s) ended with a warning:",
+        "    a/local/seed0: matched nobody"]
 
 
 def _record(message, event=None, level=logging.INFO):

@@ -80,7 +80,10 @@ def test_one_line_per_run_seed_zero_first_and_ctrl_c_says_what_resumes(tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     finished = [m.groups() for m in map(LINE.match, again.stdout.splitlines()) if m]
     assert [(seed, done) for _, seed, done, _ in finished] == [("0", "2"), ("1", "3"), ("1", "4")], again.stdout
-    assert "fedfactor: 4 of 4 training runs done; table: " in again.stdout
+    block = again.stdout[again.stdout.index("fedfactor: 4 of 4 training runs done"):].splitlines()
+    # the closing block: what to open next, the report's command and the MLflow UI, a line each
+    assert [line.split(":")[0].strip() for line in block[1:6]] == ["table", "figures", "diagnostics", "report",
+                                                                     "MLflow"], block
     assert "4 of 4 runs finished; complete" in (tmp_path / "results" / "tiny" / "live.md").read_text()
     assert (tmp_path / "results" / "tiny" / "live_rounds.png").read_bytes()[:4] == b"\x89PNG"  # and its curves
     # the run's log keeps the interrupted attempt's lines before the resumed one's

@@ -317,11 +317,16 @@ def cmd_paper_tables(args) -> None:
 
 
 def cmd_claims(args) -> None:
-    from .report.claims import evaluate_claims
+    from .report.claims import VERDICTS, evaluate_claims
     from .report.spec import load_study
 
-    verdicts = evaluate_claims(load_study(args.study), args.runs, Path(args.out))
-    print(verdicts.to_string(index=False))
+    study = load_study(args.study)
+    if not study.claims:
+        print(f"study {study.study} lists no claims: nothing to evaluate, nothing written")
+        return
+    verdicts = evaluate_claims(study, args.runs, Path(args.out))
+    counts = verdicts["verdict"].value_counts()
+    print(f"{len(verdicts)} claims: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS) + f" -> {args.out}")
 
 
 def cmd_figures(args) -> None:
@@ -627,7 +632,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    logging.getLogger("fontTools").setLevel(logging.WARNING)  # matplotlib's PDF font subsetting chatters at INFO
+    # matplotlib's PDF font subsetting and alembic's plugin set-up (every MLflow store open) chatter at
+    # INFO: seven lines at the top of every job log, and all that show-failed-logs printed of a failure
+    for chatty in ("fontTools", "alembic"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     handlers = {s: signal.getsignal(s) for s in STOP_SIGNALS}
     try:
         code = _dispatch(args)

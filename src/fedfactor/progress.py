@@ -172,11 +172,45 @@ def start_message(study_dir: str | Path) -> str:
             f"the table so far in {os.path.join(study_dir, LIVE)}, its curves in {os.path.join(study_dir, LIVE_FIGURE)}")
 
 
-def finished_message(study_dir: str | Path, table: str | Path) -> str:
+def finished_message(study_dir: str | Path, table: str | Path, mlflow_uri: str | None = None) -> str:
+    """The closing block of a finished workflow: the runs done, then what a reader opens next, each
+    on its own line where it exists (table, claims, figures, diagnostics), the command that builds the
+    HTML report, the MLflow UI on the study's store, and the runs that ended with a warning."""
     plan = read_plan(study_dir)
     done, _ = run_states(study_dir, plan["runs"])
-    where = f"; table: {table}" if Path(table).exists() else ""
-    return f"fedfactor: {len(done)} of {len(plan['runs'])} training runs done{where}"
+    study = Path(study_dir)
+    lines = [f"fedfactor: {len(done)} of {len(plan['runs'])} training runs done"]
+    outputs = [("table", Path(table)), ("claims", study / "claims" / "claims.md"),
+               ("paper tables", study / "tables" / "paper.md"), ("figures", study / "figures"),
+               ("diagnostics", study / "diagnostics" / "diagnostics.md")]
+    lines += [f"  {name + ':':13} {path}" for name, path in outputs if path.exists()]
+    if len(lines) > 1:  # the report needs the outputs it shows
+        report = os.path.join(study_dir, "report.html")
+        lines.append(f"  {'report:':13} {plan['command']} --report {shlex.quote(report)}")
+    if mlflow_uri:
+        lines.append(f"  {'MLflow:':13} mlflow ui --backend-store-uri {shlex.quote(mlflow_uri)}  "
+                     "(then http://127.0.0.1:5000)")
+    warned = _warned(study, done)
+    if warned:
+        lines.append(f"  {'warnings:':13} {len(warned)} run(s) ended with a warning:")
+        lines += [f"    {run}: {text}" for run, text in warned[:5]]
+        if len(warned) > 5:
+            lines.append(f"    ... and {len(warned) - 5} more (each run's summary.json, `warnings`)")
+    return "\n".join(lines)
+
+
+def _warned(study: Path, done: list[str]) -> list[tuple[str, str]]:
+    """(run, its first warning) of the finished runs whose summary holds warnings."""
+    out = []
+    for run in done:
+        try:
+            warnings = json.loads((study / "runs" / run / "summary.json").read_text(encoding="utf-8")).get("warnings")
+        except (OSError, ValueError):
+            continue
+        if warnings:
+            first = str(warnings[0])
+            out.append((run, first if len(first) <= 160 else first[:157] + "..."))
+    return out
 
 
 def stopped_message(study_dir: str | Path) -> str:
