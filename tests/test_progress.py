@@ -199,6 +199,19 @@ def test_quiet_terminal_leaves_out_the_per_job_blocks_and_after_ctrl_c_the_inter
     assert not f.filter(_record("Removing output files of failed job train since they might be corrupted"))
 
 
+def test_each_step_after_the_training_says_in_one_line_that_it_started(capsys):
+    from snakemake_interface_logger_plugins.common import LogEvent
+
+    f = QuietTerminal()
+    for rule in ("diagnose", "figures", "train"):
+        record = _record(f" Rule: {rule}, Jobid: 3", LogEvent.JOB_INFO)
+        record.rule_name = rule
+        assert not f.filter(record)  # Snakemake's block stays hidden
+    # the training runs have their own line each (progress_line); the steps after them a line as they start
+    assert capsys.readouterr().err.splitlines() == [
+        "fedfactor: factor analysis of every run's client weights (diagnostics/)...", "fedfactor: figures..."]
+
+
 @pytest.mark.parametrize("dryrun, verbose, printshellcmds, quiet", [
     (False, False, False, True), (True, False, False, False), (False, True, False, False), (False, False, True, False)])
 def test_quiet_terminal_only_in_a_real_run_without_verbose_or_printshellcmds(dryrun, verbose, printshellcmds, quiet):

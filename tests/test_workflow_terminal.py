@@ -80,6 +80,9 @@ def test_one_line_per_run_seed_zero_first_and_ctrl_c_says_what_resumes(tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     finished = [m.groups() for m in map(LINE.match, again.stdout.splitlines()) if m]
     assert [(seed, done) for _, seed, done, _ in finished] == [("0", "2"), ("1", "3"), ("1", "4")], again.stdout
+    # after the last run, each later step says it started: the terminal is never silent for long
+    for step in ("factor analysis of every run's client weights", "figures...", "the results table..."):
+        assert f"fedfactor: {step}" in again.stdout, again.stdout
     block = again.stdout[again.stdout.index("fedfactor: 4 of 4 training runs done"):].splitlines()
     # the closing block: what to open next, the report's command and the MLflow UI, a line each
     assert [line.split(":")[0].strip() for line in block[1:6]] == ["table", "figures", "diagnostics", "report",

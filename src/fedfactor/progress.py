@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -241,6 +242,11 @@ class QuietTerminal(logging.Filter):
     """
 
     CHATTER = ("Select jobs to execute...", "Building DAG of jobs...", "Using shell:", "Conda environments: ignored")
+    # The steps after the training runs, which take a minute or more on a large study: a line each as
+    # it starts, in place of Snakemake's block, so the terminal does not go silent after the last run.
+    STEPS = {"diagnose": "factor analysis of every run's client weights (diagnostics/)...",
+             "figures": "figures...", "table": "the results table...", "paper_tables": "the paper's tables...",
+             "claims": "the paper's claims, tested over the seeds...", "simulate": "FedFac's simulation study..."}
     STOPPING = "Terminating processes on user request"
 
     def __init__(self, workflow: Any = None) -> None:
@@ -251,6 +257,7 @@ class QuietTerminal(logging.Filter):
         self.hidden = {LogEvent.JOB_INFO, LogEvent.GROUP_INFO, LogEvent.JOB_STARTED, LogEvent.JOB_FINISHED,
                        LogEvent.PROGRESS, LogEvent.RUN_INFO, LogEvent.RESOURCES_INFO, LogEvent.SHELLCMD}
         self.errors = {LogEvent.JOB_ERROR, LogEvent.GROUP_ERROR, LogEvent.ERROR}
+        self.job_info = LogEvent.JOB_INFO
         self.stopping = False
 
     def _enabled(self) -> bool:
@@ -272,6 +279,9 @@ class QuietTerminal(logging.Filter):
             self.stopping = True
             return True
         if event in self.hidden or message.startswith(self.CHATTER):
+            step = self.STEPS.get(getattr(record, "rule_name", None) or "") if event == self.job_info else None
+            if step:
+                print(f"fedfactor: {step}", file=sys.stderr, flush=True)
             return False
         if self.stopping and (event in self.errors or message.startswith("Removing output files of failed job")):
             return False
