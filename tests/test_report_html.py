@@ -80,13 +80,13 @@ class Built:
     report: Path
 
 
-def snakemake(repo: Path, workdir: Path, *args: str) -> None:
+def snakemake(repo: Path, workdir: Path, *args: str, env: dict | None = None) -> None:
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(repo / "Snakefile"), *args]
-    r = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, f"{' '.join(cmd[2:])} failed:\n{r.stderr[-6000:]}\n{r.stdout[-3000:]}"
 
 
-def build_study(repo: Path, workdir: Path, study: dict = TINY_STUDY) -> Built:
+def build_study(repo: Path, workdir: Path, study: dict = TINY_STUDY, env: dict | None = None) -> Built:
     """Run `study` with the workflow of `repo` in `workdir`, then build its report.html."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "run.yaml").write_text(TINY_RUN)
@@ -98,8 +98,8 @@ def build_study(repo: Path, workdir: Path, study: dict = TINY_STUDY) -> Built:
     (workdir / "study.yaml").write_text(json.dumps(config))
     study_dir = workdir / "results" / study["study"]
     report = study_dir / "report.html"
-    snakemake(repo, workdir, "--cores", "2", "--configfile", "study.yaml")
-    snakemake(repo, workdir, "--cores", "1", "--configfile", "study.yaml", "--report", str(report))
+    snakemake(repo, workdir, "--cores", "2", "--configfile", "study.yaml", env=env)
+    snakemake(repo, workdir, "--cores", "1", "--configfile", "study.yaml", "--report", str(report), env=env)
     return Built(workdir, study_dir, report)
 
 
@@ -136,8 +136,8 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Built:
-    return build_study(REPO, tmp_path_factory.mktemp("report_study"))
+def built(tmp_path_factory, fedfactor_env) -> Built:
+    return build_study(REPO, tmp_path_factory.mktemp("report_study"), env=fedfactor_env)
 
 
 @pytest.fixture(scope="module")

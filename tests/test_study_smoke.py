@@ -47,8 +47,8 @@ SCALE = {
 }
 
 
-def _snakemake(*args, timeout=900):
-    return subprocess.run([*SNAKEMAKE, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+def _snakemake(*args, timeout=900, env=None):
+    return subprocess.run([*SNAKEMAKE, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def _jobs(stdout: str) -> dict[str, int]:
@@ -123,22 +123,22 @@ def _labels(claim: dict) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def smoke_runs(tmp_path_factory):
+def smoke_runs(tmp_path_factory, fedfactor_env):
     """Every study's smoke run, two Snakemake processes at a time (most of a small study's time is
     a chain of short jobs, which leaves cores idle), into one results folder as for a user's studies:
     one MLflow store, created first (a fresh SQLite store opened by several processes at once can
     fail its schema migration), and each synthetic dataset prepared where it is first needed."""
     root = tmp_path_factory.mktemp("smoke")
-    subprocess.run([sys.executable, "-m", "fedfactor", "mlflow-init", "--uri", f"sqlite:///{root}/results/mlflow.db",
+    subprocess.run(["fedfactor", "mlflow-init", "--uri", f"sqlite:///{root}/results/mlflow.db",
                     "--experiment", "fedfactor-smoke-store", "--out", str(root / "store.id")], check=True,
-                   capture_output=True, timeout=300)
+                   capture_output=True, timeout=300, env=fedfactor_env)
     scale = REPO / "config" / "scale" / "smoke.yaml"
 
     def run(path):
         extra, study = _smoke_file(path, root)
         files = [path, extra] if "simulation" in study else [path, scale, extra]
         # --nolock: the studies share results/data and the store; each writes its files atomically
-        r = _snakemake("--cores", "2", "--nolock", "--configfile", *map(str, files), timeout=1800)
+        r = _snakemake("--cores", "2", "--nolock", "--configfile", *map(str, files), timeout=1800, env=fedfactor_env)
         return path.stem, (r, study, root)
 
     with ThreadPoolExecutor(2) as pool:
@@ -186,7 +186,7 @@ def test_every_study_runs_end_to_end_as_a_smoke_run(path, smoke_runs):
         assert (out / "logs" / f"{log}.log").exists() and (out / "benchmarks" / f"{log}.tsv").exists()
 
 
-def test_fedfac_table2_leaf_rows_run_as_smoke_runs_with_the_paper_numbers_beside(tmp_path):
+def test_fedfac_table2_leaf_rows_run_as_smoke_runs_with_the_paper_numbers_beside(tmp_path, fedfactor_env):
     """FedFac Table 2's FEMNIST and Shakespeare rows, every Table 2 method, on the synthetic stand-ins
     (same shapes and classes, natural clients): partitions by writer and role, each method set apart
     per scenario as the study says, the paper's numbers beside ours, the claims evaluated."""
@@ -199,7 +199,7 @@ def test_fedfac_table2_leaf_rows_run_as_smoke_runs_with_the_paper_numbers_beside
                                  "select": {"scenarios": ["femnist", "shakespeare"], "methods": methods},
                                  "overrides": overrides, "runs_per_job": len(methods)}))
     r = _snakemake("--cores", "2", "--configfile", str(path), str(REPO / "config" / "scale" / "smoke.yaml"),
-                   str(extra), timeout=1800)
+                   str(extra), timeout=1800, env=fedfactor_env)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     out = tmp_path / "results" / study["study"]
     for scenario, dataset, model in (("femnist", "synthetic:femnist", "femnist_cnn_softmax"),

@@ -176,7 +176,9 @@ def test_train_runs_allow_failed_records_a_diverged_run_and_exits_0(tmp_path):
 
 
 @pytest.mark.slow
-def test_snakemake_tune_trains_every_point_and_the_study_runs_at_the_chosen_values(tmp_path):
+def test_snakemake_tune_trains_every_point_and_the_study_runs_at_the_chosen_values(tmp_path, monkeypatch,
+                                                                                  fedfactor_env):
+    monkeypatch.setenv("PATH", fedfactor_env["PATH"])  # the jobs' `fedfactor` (tests/forkserver.py)
     """The workflow end to end: `snakemake tune` on a tiny study writes the file and its record; the
     study's runs read the file; and a clone that has the committed file but no tuning runs (a fresh
     one) tunes again rather than finding nothing to do."""

@@ -82,7 +82,7 @@ def test_one_line_per_run_seed_zero_first_and_ctrl_c_says_what_resumes(tmp_path)
     assert [(seed, done) for _, seed, done, _ in finished] == [("0", "2"), ("1", "3"), ("1", "4")], again.stdout
     # after the last run, each later step says it started: the terminal is never silent for long
     for step in ("factor analysis of every run's client weights", "figures...", "the results table..."):
-        assert f"fedfactor: {step}" in again.stdout, again.stdout
+        assert f"fedfactor: {step}" in again.stderr, again.stderr  # where Snakemake's own lines go
     block = again.stdout[again.stdout.index("fedfactor: 4 of 4 training runs done"):].splitlines()
     # the closing block: what to open next, the report's command and the MLflow UI, a line each
     assert [line.split(":")[0].strip() for line in block[1:6]] == ["table", "figures", "diagnostics", "report",
