@@ -1,16 +1,23 @@
-"""The `fedfactor` command with its start-up paid once: a fork server for the workflow tests.
+"""The `fedfactor` and `snakemake` commands with their start-up paid once: a fork server for the
+workflow tests.
 
 A study's smoke run is a chain of short jobs, and each job's process spends seconds importing torch,
-MLflow, pandas and matplotlib before it does a second of work. `start(folder)` starts a server that
-imports them once, and writes `folder/fedfactor`, a client that Snakemake's rules find first on
-`PATH` (`env(folder)`). The client hands the server its argv, working directory, environment and
-standard streams (SCM_RIGHTS); the server forks, and the child runs `fedfactor.cli.main` exactly as
-the installed command does, writing to the job's own log files. The client exits with the child's
-status and passes SIGINT and SIGTERM on to it. Everything the workflow does, and every rule's command,
-stays real: only the interpreter's start-up is shared.
+MLflow, pandas and matplotlib before it does a second of work; Snakemake itself spends seconds on its
+own imports and the Snakefile's. `start(folder)` starts a server that imports them once, and writes
+`folder/fedfactor` and `folder/snakemake`: clients that a test runs, and that Snakemake's rules find
+first on `PATH` (`env(folder)`). A client hands the server its argv, working directory, environment
+and standard streams (SCM_RIGHTS); the server forks, and the child runs `fedfactor.cli.main` (or
+Snakemake's) exactly as the installed command does, writing to the job's own log files. The client
+exits with the child's status and passes SIGINT and SIGTERM on to it. Everything the workflow does,
+and every rule's command, stays real: only the interpreter's start-up is shared.
+
+What this cannot see: a module that forgets an import another module made for it. The server has
+imported everything, so such a command works here and fails alone. The tests that start real
+processes (tests/test_cli.py, test_job.py's killed jobs, test_workflow_terminal.py, test_slurm.py,
+the README's commands) start every command without the server.
 
 The server is single-threaded and opens nothing (no store, no device) before it forks, so each child
-starts from the state a fresh `fedfactor` process has after its imports.
+starts from the state a fresh process has after its imports.
 """
 
 from __future__ import annotations
@@ -25,20 +32,25 @@ import textwrap
 import time
 from pathlib import Path
 
+# The commands served: `fedfactor`, and `snakemake` itself (its start-up and the Snakefile's imports of
+# the package, torch among them, are seconds a study).
+COMMANDS = ("fedfactor", "snakemake")
 # What the commands import; a module left out is imported by the child that needs it.
-PRELOAD = ["torch", "torchvision", "numpy", "pandas", "scipy.stats", "sklearn", "matplotlib", "mlflow",
-           "fedfactor.cli", "fedfactor.job", "fedfactor.simulator", "fedfactor.tracking", "fedfactor.methods",
+PRELOAD = ["snakemake.cli", "snakemake.api", "torch", "torchvision", "numpy", "pandas", "scipy.stats", "sklearn",
+           "matplotlib", "mlflow", "fedfactor.cli", "fedfactor.job", "fedfactor.simulator", "fedfactor.tracking", "fedfactor.methods",
            "fedfactor.models", "fedfactor.data.datasets", "fedfactor.data.partition", "fedfactor.report.table",
            "fedfactor.report.figures", "fedfactor.report.diagnose", "fedfactor.report.claims",
-           "fedfactor.report.paper", "fedfactor.report.study_figures"]
+           "fedfactor.report.paper", "fedfactor.report.study_figures", "fedfactor.plan", "fedfactor.workflow",
+           "fedfactor.tuning", "fedfactor.report.spec", "fedfactor.report.study", "fedfactor.progress"]
 
 CLIENT = '''\
 #!{python} -IS
-# The `fedfactor` command, run by the fork server at {sock} (tests/forkserver.py).
+# The `{command}` command, run by the fork server at {sock} (tests/forkserver.py).
 import json, os, signal, socket, sys
 conn = socket.socket(socket.AF_UNIX)
 conn.connect({sock!r})
-msg = json.dumps({{"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
+msg = json.dumps({{"command": {command!r}, "argv": sys.argv[1:], "cwd": os.getcwd(),
+                  "env": dict(os.environ)}}).encode()
 socket.send_fds(conn, [len(msg).to_bytes(8, "big") + msg], [0, 1, 2])
 f = conn.makefile("r")
 pid = int(f.readline())
@@ -106,8 +118,11 @@ def _child(request: dict, fds: list[int]) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        sys.argv = ["fedfactor", *request["argv"]]
-        from fedfactor.cli import main
+        sys.argv = [request["command"], *request["argv"]]
+        if request["command"] == "snakemake":
+            from snakemake.cli import main
+        else:
+            from fedfactor.cli import main
 
         try:
             code = main()
@@ -134,9 +149,10 @@ def start(folder: Path, timeout: float = 300) -> subprocess.Popen:
     folder.mkdir(parents=True, exist_ok=True)
     sock = str(folder / "fedfactor.sock")
     Path(sock).unlink(missing_ok=True)
-    client = folder / "fedfactor"
-    client.write_text(CLIENT.format(python=sys.executable, sock=sock))
-    client.chmod(0o755)
+    for command in COMMANDS:
+        client = folder / command
+        client.write_text(CLIENT.format(python=sys.executable, sock=sock, command=command))
+        client.chmod(0o755)
     server = subprocess.Popen([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
                                f"import forkserver; forkserver._serve({sock!r})"],
                               stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -81,7 +81,9 @@ class Built:
 
 
 def snakemake(repo: Path, workdir: Path, *args: str, env: dict | None = None) -> None:
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(repo / "Snakefile"), *args]
+    # with `env`, the fork server's snakemake (tests/forkserver.py)
+    cmd = [*([sys.executable, "-m", "snakemake"] if env is None else ["snakemake"]), "--snakefile",
+           str(repo / "Snakefile"), *args]
     r = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, f"{' '.join(cmd[2:])} failed:\n{r.stderr[-6000:]}\n{r.stdout[-3000:]}"
 

@@ -101,3 +101,15 @@ def test_a_checkpoint_round_trip_restores_round_states_records_meter_and_random_
     assert records[1].train_loss == reference[1].train_loss
     assert _same_scores(records[1].test, reference[1].test)
     assert (records[1].bytes_up, records[1].bytes_down) == (reference[1].bytes_up, reference[1].bytes_down)
+
+
+def test_each_round_samples_its_own_clients_fixed_by_the_seed_and_the_round():
+    """Catches: the same clients drawn every round (the round left out of the draw's seed), or a draw
+    that depends on anything but the run's seed and the round (a resumed run would sample others)."""
+    rounds = range(1, 21)
+    drawn = [_sim("fl.clients=10", "fl.fraction=0.3").sample(r) for r in rounds]
+    assert all(len(set(s)) == 3 for s in drawn)
+    assert len({tuple(s) for s in drawn}) > 5 and set().union(*drawn) == set(range(10))
+    again = _sim("fl.clients=10", "fl.fraction=0.3")
+    assert [again.sample(r) for r in reversed(rounds)][::-1] == drawn  # no state carried between draws
+    assert [_sim("fl.clients=10", "fl.fraction=0.3", "seed=1").sample(r) for r in rounds] != drawn

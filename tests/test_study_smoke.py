@@ -48,7 +48,9 @@ SCALE = {
 
 
 def _snakemake(*args, timeout=900, env=None):
-    return subprocess.run([*SNAKEMAKE, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+    """Snakemake in a process of its own; with `env`, the fork server's (tests/forkserver.py)."""
+    cmd = SNAKEMAKE if env is None else ["snakemake", *SNAKEMAKE[3:]]
+    return subprocess.run([*cmd, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def _jobs(stdout: str) -> dict[str, int]:

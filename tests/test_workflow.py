@@ -18,7 +18,9 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snake
 
 
 def _snakemake(*args, cwd=REPO, env=None):
-    return subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+    """Snakemake in a process of its own; with `env`, the fork server's (tests/forkserver.py)."""
+    cmd = SNAKEMAKE if env is None else ["snakemake", *SNAKEMAKE[3:]]
+    return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
 
 
 def _job_counts(stdout: str) -> dict[str, int]:

@@ -16,6 +16,7 @@ from fedfactor.data.partition import (
     PARTITIONS,
     SPLITS,
     Partition,
+    _boundaries,
     client_permutation,
     make_partition,
     task_label_maps,
@@ -975,3 +976,12 @@ def test_only_a_regular_file_is_loaded_as_a_partition(tmp_path, kind, message):
         path.mkdir()
     with pytest.raises(UsageError, match=f"^partition file '{path}' {message}"):
         Partition.load(path)
+
+
+def test_a_classs_cut_points_end_at_its_last_sample_even_when_the_shares_sum_short_of_one():
+    """Catches: the last cut left to float arithmetic, which drops a class's last samples whenever
+    the shares' sum falls short of 1 (here by 1e-6 of a million samples: one sample)."""
+    n = 1_000_000
+    cuts = _boundaries(np.array([0.5, 0.5 - 1e-6]), n)
+    assert cuts[0] == 0 and cuts[-1] == n and (np.diff(cuts) >= 0).all()
+    assert cuts[1] == n // 2  # the others where the shares put them

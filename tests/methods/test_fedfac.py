@@ -10,7 +10,7 @@ from fedfactor.fl.train import Phase
 from fedfactor.methods import build
 from fedfactor.methods.fedfac import MASK
 
-from ..conftest import record_uploads
+from ..conftest import TINY, record_uploads
 
 # cnn on digits: layers 1 body.0 (conv 32), 2 body.3 (conv 64), 3 body.7 (fc 512), 4 head
 FC = "body.7"
@@ -246,3 +246,19 @@ def test_as_run_keeps_every_unit_of_lambda_personal_with_its_bias_and_runs_no_an
     assert (text.method.hp.tau, text.method.hp.fa_method, text.method.hp.unit_params) == \
         ("mean", "principal", "follow")
     assert text.method.fixed is None  # the text's split needs the analysis every round
+
+
+def test_the_units_whose_communality_reaches_tau_are_averaged_and_the_others_stay_each_clients():
+    """Catches: the split inverted (the personal units shared), or shared units not averaged: after a
+    round, every client receives the same rows for the units at or above tau (the text's mean) and
+    keeps its own trained rows for the rest."""
+    sim = Simulator(load_config(None, [*TINY, "method.name=fedfac_text", "method.layers=[2]", "fl.rounds=1"]))
+    (record,) = sim.run()
+    nu, shared = record.arrays["fedfac.communality.2"], record.arrays["fedfac.shared.2"].astype(bool)
+    assert (shared == (nu >= nu.mean())).all() and 0 < shared.sum() < len(shared)
+    key = sim.method.units[2][0]  # the split layer's weight, a row per unit
+    got = {k: sim.method.receive(k, sim.states[k], sim.method.download(sim.server, k))[key] for k in (0, 1)}
+    assert torch.equal(got[0][shared], got[1][shared])
+    for k in (0, 1):
+        assert torch.equal(got[k][~shared], sim.states[k][key][~shared])
+    assert not torch.equal(got[0][~shared], got[1][~shared])

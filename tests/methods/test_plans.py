@@ -84,3 +84,20 @@ def test_feddecomp_drops_a_phase_without_epochs(e_lora, expected):
     tau = set(sim.method.tau_keys)
     got = [("tau" if set(p.params) == tau else "sigma", p.epochs) for p in _plan(sim)]
     assert got == expected
+
+
+# -- FedProx: mu/2 ||w - w_global||^2 (Li et al. 2020, eq. 2) ------------------------------------------
+
+
+def test_fedprox_pulls_towards_the_received_global_model_with_mu_over_two():
+    """Catches: the proximal term weighted mu instead of mu/2, or anchored anywhere but the global
+    model the client received this round."""
+    sim = _sim("method.name=fedprox", "method.mu=0.3", "fl.epochs=2")
+    received = {k: torch.randn_like(v) for k, v in sim.states[0].items()}
+    (phase,) = sim.method.plan(0, sim.states[0], received)
+    assert phase.params is None and phase.epochs == 2 and phase.loss_name == "proximal"
+    params = {k: torch.randn_like(p) for k, p in sim.model.named_parameters()}
+    expected = 0.3 / 2 * sum(((params[k] - received[k]) ** 2).sum() for k in params)
+    assert phase.loss(params, None, None).item() == pytest.approx(expected.item(), rel=1e-6)
+    (plain,) = _sim("method.name=fedprox", "method.mu=0").method.plan(0, sim.states[0], received)
+    assert plain.loss is None  # mu = 0 is FedAvg
