@@ -114,5 +114,9 @@ else:
 
     onerror:
         # registered now, printed at exit: after Snakemake's own closing lines
-        atexit.register(print, "fedfactor: tuning stopped; the finished tuning runs are kept: run the same command "
-                        "to go on" if tuning_asked() else stopped_message(STUDY_DIR), file=sys.stderr, flush=True)
+        if tuning_asked():
+            message = "fedfactor: tuning stopped; the finished tuning runs are kept: run the same command to go on"
+        else:  # a dataset that could not be prepared is named: the same command alone will not get past it
+            data = [(f"{RESULTS}/logs/prepare_data/{d}.log", f"{RESULTS}/data/{d}.json") for d in DATASET_NAMES]
+            message = stopped_message(STUDY_DIR, data)
+        atexit.register(print, message, file=sys.stderr, flush=True)

@@ -177,6 +177,18 @@ def test_the_closing_block_names_each_output_the_report_command_mlflow_and_the_w
         "    a/local/seed0: matched nobody"]
 
 
+def test_a_dataset_that_could_not_be_prepared_is_named_instead_of_resume(study, tmp_path):
+    log, out = tmp_path / "logs" / "cifar10.log", tmp_path / "data" / "cifar10.json"
+    log.parent.mkdir()
+    log.write_text("INFO downloading\nfedfactor: error: could not download cifar10: no network; place ...\n")
+    assert stopped_message(study, [(log, out)]).splitlines()[1:] == [
+        "A dataset could not be prepared: could not download cifar10: no network; place ...",
+        "Do what that says, then run the same command to go on: snakemake --cores all"]
+    out.parent.mkdir()
+    out.write_text("{}")  # prepared since: an old log says nothing
+    assert stopped_message(study, [(log, out)]).splitlines()[1] == "Run the same command to resume: snakemake --cores all"
+
+
 def _record(message, event=None, level=logging.INFO):
     record = logging.LogRecord("snakemake", level, __file__, 1, message, None, None)
     if event is not None:

@@ -228,3 +228,22 @@ def test_a_scenarios_method_settings_name_a_listed_method_and_only_its_hyperpara
     study["scenarios"]["b"]["methods"] = own
     with pytest.raises(UsageError, match=problem):
         check_overrides(study)
+
+
+@pytest.mark.slow
+def test_a_download_that_fails_stops_the_study_with_the_file_to_place_not_resume(tmp_path, fedfactor_env):
+    run = tmp_path / "run.yaml"
+    run.write_text("data: {name: cifar10}\nmodel: {name: cnn}\nfl: {clients: 2, rounds: 1, epochs: 1}\n")
+    study = tmp_path / "study.yaml"
+    study.write_text(json.dumps({
+        "study": "offline", "run_config": str(run), "results": str(tmp_path / "results"),
+        "data_root": str(tmp_path / "data"), "seeds": [0], "scenarios": {"iid": {"partition": {"kind": "iid"}}},
+        "methods": {"fedavg": {"name": "fedavg"}}}))
+    refused = "http://127.0.0.1:9"  # the discard port: every download is refused at once
+    env = {**fedfactor_env, **{k: refused for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")}}
+    r = _snakemake("--cores", "1", "--configfile", str(study), cwd=tmp_path, env=env)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-2:]
+    assert last[0].startswith("A dataset could not be prepared: could not download cifar10:"), r.stderr[-2000:]
+    assert f"or place cifar-10-python.tar.gz under {tmp_path / 'data'} yourself" in last[0]
+    assert last[1].startswith("Do what that says, then run the same command to go on: snakemake "), last

@@ -22,7 +22,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from .io import atomic_write_json, atomic_write_text
 
@@ -214,19 +214,37 @@ def _warned(study: Path, done: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def stopped_message(study_dir: str | Path) -> str:
-    """The last lines after the workflow stopped before the end (Ctrl-C, a failed job)."""
+def stopped_message(study_dir: str | Path, data: Sequence[tuple[str | Path, str | Path]] = ()) -> str:
+    """The last lines after the workflow stopped before the end (Ctrl-C, a failed job). `data`: each
+    dataset's (prepare-data log, its output); a dataset not prepared whose log ends in an error is
+    named with that error, since running the same command again will not get past it."""
     plan = read_plan(study_dir)
     done, checkpointed = run_states(study_dir, plan["runs"])
     total = len(plan["runs"])
     rest = total - len(done) - len(checkpointed)
     resume = " (they continue where they stopped)" if checkpointed else ""
+    failed = [line for log, out in data if not Path(out).exists() and (line := _error_line(log))]
     lines = [f"fedfactor: stopped with {len(done)} of {total} runs done, {len(checkpointed)} checkpointed{resume}, "
-             f"{rest} still to run.", f"Run the same command to resume: {plan['command']}"]
+             f"{rest} still to run."]
+    if failed:
+        lines += [f"A dataset could not be prepared: {line}" for line in failed]
+        lines.append(f"Do what that says, then run the same command to go on: {plan['command']}")
+    else:
+        lines.append(f"Run the same command to resume: {plan['command']}")
     live = os.path.join(study_dir, LIVE)
     if os.path.exists(live):
         lines.append(f"Results so far: {live}")
     return "\n".join(lines)
+
+
+def _error_line(log: str | Path) -> str | None:
+    """The `fedfactor: error: ...` line a command's log ends with, without its prefix; None if none."""
+    try:
+        last = Path(log).read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1]
+    except (OSError, IndexError):
+        return None
+    prefix = "fedfactor: error: "
+    return last[len(prefix):] if last.startswith(prefix) else None
 
 
 class QuietTerminal(logging.Filter):

@@ -763,7 +763,12 @@ def test_unreachable_download_is_a_one_line_usage_error(tmp_path, monkeypatch, n
         monkeypatch.setattr(tvd.MNIST, "mirrors", [nowhere + "/a/", nowhere + "/b/"])
     with pytest.raises(UsageError, match=f"could not download {name}") as err:
         prepare_dataset(name, tmp_path / "root")
-    assert "place the files" in assert_one_line(err)
+    # it names what to place by hand, where, and the command that then reads it
+    first = {"cifar10": "cifar-10-python.tar.gz", "svhn": "train_32x32.mat", "mnist": "MNIST/raw/",
+             "tinyimagenet": "tiny-imagenet-200.zip"}[name]
+    message = assert_one_line(err)
+    assert f"or place {first}" in message and f"under {tmp_path / 'root'} yourself" in message, message
+    assert f"fedfactor prepare-data --dataset {name}" in message, message
 
 
 # ---------------------------------------------------------------------------------------------

@@ -505,8 +505,10 @@ def test_an_unreachable_source_is_one_line(tmp_path, monkeypatch):
                                                    downloads[2]))
     with pytest.raises(UsageError, match="could not download femnist") as err:
         prepare_dataset("femnist", tmp_path / "root")
-    assert "check the network connection" in assert_one_line(err)
-    assert not (tmp_path / "root" / "femnist" / "downloads" / "by_class.zip").exists()
+    message = assert_one_line(err)
+    place = tmp_path / "root" / "femnist" / "downloads" / "by_class.zip"
+    assert "check the network connection" in message and f"place that file at {place}" in message, message
+    assert not place.exists()
 
 
 def test_a_failing_preprocess_is_one_line_and_leaves_no_shards(tmp_path, monkeypatch):

@@ -148,6 +148,14 @@ class _File:
     required: bool  # False for downloaded archives, which may have been deleted after extraction
 
 
+def _to_place(files: list[_File], root: Path) -> str:
+    """The files a user without network places by hand: the archives a download fetches (else every
+    file read), relative to the data root."""
+    wanted = [f.path for f in files if not f.required] or [f.path for f in files]
+    names = [str(p.relative_to(root)) for p in wanted]
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
 class _Torchvision(_Source):
     """Shared error handling; subclasses name their files and read torchvision's arrays.
 
@@ -201,8 +209,8 @@ class _Torchvision(_Source):
                     "a good copy there"
                 )
             return UsageError(
-                f"could not download {name}: {reason}; check the network connection, "
-                f"or place the files under {root} yourself"
+                f"could not download {name}: {reason}; check the network connection, or place "
+                f"{_to_place(self.files(root), root)} under {root} yourself and run {_prepare_command(name, root)}"
             )
         if bad is not None:
             return _checksum_error(name, root, *bad)

@@ -536,7 +536,8 @@ def _download(url: str, path: Path, name: str, root: Path) -> None:
             raise UsageError(f"cannot write {path} ({_one_line(err.strerror or err)})") from None
         reason = err.reason if isinstance(err, urllib.error.URLError) else err
         raise UsageError(f"could not download {name} ({url}): {_one_line(reason)}; check the network connection, "
-                         f"or place LEAF's JSON shards under {root / name / 'leaf' / 'all_data'} yourself") from None
+                         f"or place that file at {path}, or LEAF's JSON shards under "
+                         f"{root / name / 'leaf' / 'all_data'}, yourself") from None
 
 
 def _unpack_leaf(archive: Path, tmp: Path, name: str, root: Path) -> Path:
