@@ -62,6 +62,16 @@ def test_the_line_names_the_cell_its_accuracy_and_time_and_the_runs_left(study):
     assert "accuracy 40.00% in 7 s |" in progress_line(study / "runs" / "a/local/seed0", study, now=STARTED + 100)
 
 
+def test_a_run_that_ended_with_warnings_says_so_on_its_line(study):
+    summary = study / "runs" / "a/local/seed0" / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()),
+                                   "warnings": ["simfed matched no other client in any of its 2 rounds", "x" * 300]}))
+    line = progress_line(summary.parent, study, elapsed=75, now=STARTED + 100)
+    assert line.endswith("| WARNING: simfed matched no other client in any of its 2 rounds (+1 more in its "
+                         "summary.json)")
+    assert "2/5 runs done" in line  # the counts stay where they were
+
+
 def test_the_last_line_has_no_eta_and_a_run_outside_the_workflow_no_counts(tmp_path, study):
     for key in ("a/local/seed1", "a/fedavg/seed1", "a/fedfac/seed0"):
         if (study / "runs" / key).exists():

@@ -88,17 +88,25 @@ def progress_line(run_dir: str | Path, study_dir: str | Path, elapsed: float | N
     line = (f"[{time.strftime('%H:%M:%S', time.localtime(now))}] {cell}: accuracy "
             f"{'n/a' if acc is None else f'{100 * acc:.2f}%'}"
             f"{'' if seconds is None else f' in {_duration(seconds)}'}")
+    # a degenerate run (matched nobody, at chance, updates dropped) says so where it is first seen
+    warnings = summary.get("warnings") or []
+    warned = (f" | WARNING: {_shorten(str(warnings[0]))}" + (f" (+{len(warnings) - 1} more in its summary.json)"
+                                                             if len(warnings) > 1 else "")) if warnings else ""
     try:
         plan = read_plan(study_dir)
     except (OSError, ValueError):  # started outside the workflow (or by hand): no plan to count against
-        return line
+        return line + warned
     done, _ = run_states(study_dir, plan["runs"])
     total, left = len(plan["runs"]), len(plan["runs"]) - len(done)
     line += f" | {len(done)}/{total} runs done, {left} left"
     remaining = eta(plan, done, study_dir, now)
     if left and remaining is not None:
         line += f", ETA {time.strftime('%H:%M', time.localtime(now + remaining))} (in {_duration(remaining)})"
-    return line
+    return line + warned
+
+
+def _shorten(text: str, width: int = 160) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def live_table(study_dir: str | Path, now: float | None = None) -> str:
@@ -209,8 +217,7 @@ def _warned(study: Path, done: list[str]) -> list[tuple[str, str]]:
         except (OSError, ValueError):
             continue
         if warnings:
-            first = str(warnings[0])
-            out.append((run, first if len(first) <= 160 else first[:157] + "..."))
+            out.append((run, _shorten(str(warnings[0]))))
     return out
 
 
