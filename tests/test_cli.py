@@ -27,6 +27,9 @@ def test_train_two_rounds_end_to_end(tmp_path, tiny, capsys):
     assert main(["train", *_sets(sets), "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert SUMMARY_KEYS <= set(summary)
+    # the one line, in % as the workflow's lines and tables show accuracy
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert printed.startswith(f"smoke/fedavg/seed0: accuracy {100 * summary['accuracy']:.2f}% (last, round 2; ")
     assert summary["rounds"] == 2 and summary["clients"] == 4 and summary["scenario"] == "smoke"
     assert len(summary["per_client_accuracy"]) == 4
     assert 0 <= summary["accuracy_mean"] <= 1 and summary["accuracy_best_mean"] >= summary["accuracy_mean"]

@@ -81,10 +81,12 @@ def cmd_train(args) -> None:
     claim_gpus(args.gpus, args.gpu_locks)
     summary = train(cfg, Path(args.out), hold_signals=True)
     _finished()
-    print(f"{summary['scenario']}/{summary['method']}/seed{summary['seed']}: accuracy {summary['accuracy']:.4f} "
-          f"({summary['protocol']['report']}, round {summary['accuracy_round']}; last {summary['accuracy_mean']:.4f} "
-          f"+- {summary['accuracy_std']:.4f}, best {summary['accuracy_best_mean']:.4f} at round "
-          f"{summary['best_round']}), {summary['bytes_total']:,} bytes -> {args.out}")
+    # accuracies in %, as the workflow's lines and tables show them
+    print(f"{summary['scenario']}/{summary['method']}/seed{summary['seed']}: accuracy {100 * summary['accuracy']:.2f}% "
+          f"({summary['protocol']['report']}, round {summary['accuracy_round']}; last "
+          f"{100 * summary['accuracy_mean']:.2f}% +- {100 * summary['accuracy_std']:.2f}, best "
+          f"{100 * summary['accuracy_best_mean']:.2f}% at round {summary['best_round']}), "
+          f"{summary['bytes_total']:,} bytes -> {args.out}")
 
 
 def cmd_train_runs(args) -> None:

@@ -391,8 +391,8 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
         if rec.skipped:
             log.warning("%s round %d: dropped the diverged updates of clients %s", run_name, rec.round, rec.skipped)
         if rec.test is not None and not sys.stderr.isatty():
-            log.info("%s round %d/%d: accuracy %.4f +- %.4f, up %d B, down %d B, %.1f s", run_name, rec.round, R,
-                     rec.test.mean, rec.test.std, rec.bytes_up, rec.bytes_down, rec.elapsed_seconds)
+            log.info("%s round %d/%d: accuracy %.2f%% +- %.2f, up %d B, down %d B, %.1f s", run_name, rec.round, R,
+                     100 * rec.test.mean, 100 * rec.test.std, rec.bytes_up, rec.bytes_down, rec.elapsed_seconds)
         if (rec.round < R and checkpoint_due(rec.round)) or (rec.round == R and cfg.checkpoint.keep):
             save_checkpoint()
 
