@@ -339,26 +339,29 @@ def _run_label(run: pd.Series) -> str:
 
 
 def _similarity_figure(reps: dict[str, pd.Series], sims: dict[str, heatmaps.Similarity]):
-    """Rows: each representative run's similarities; columns: its first, middle and last round."""
+    """A block per representative run, titled with the run: a row per similarity it logs, a column for
+    its first, middle and last round. The run's name heads its block rather than sitting in an axis
+    label, where a long one overlapped the label beside it."""
     plt = pyplot()
-    rows = [(scenario, name) for scenario, sim in sims.items() for name in sim.rows]
     cols = max(len(sim.rounds) for sim in sims.values())
-    fig, axes = plt.subplots(len(rows), cols, figsize=(3.0 * cols + 1.4, 2.9 * len(rows) + 0.6), squeeze=False,
-                             layout="constrained")
-    im = None
-    for (scenario, name), row in zip(rows, axes):
-        sim = sims[scenario]
-        for j, ax in enumerate(row):
-            if j >= len(sim.rounds):
-                ax.set_visible(False)
-                continue
-            r = sim.rounds[j]
-            im = heatmaps.heatmap(ax, sim.matrices[name, r], heatmaps.similarity_cmap(), -1, 1)
-            ax.set_title(f"{heatmaps.SIMILARITIES[name]}, round {r}", fontsize="medium")
-            ax.set_xlabel("client")
-            ax.set_ylabel(f"{_run_label(reps[scenario])}\nclient" if j == 0 else "client",
-                          fontsize="small" if j == 0 else None)
-    fig.colorbar(im, ax=axes.ravel().tolist(), label="cosine similarity (grey: not uploaded yet)", shrink=0.6)
+    heights = [len(sim.rows) for sim in sims.values()]
+    fig = plt.figure(figsize=(3.0 * cols + 1.4, 2.9 * sum(heights) + 0.4 * len(sims) + 0.6), layout="constrained")
+    blocks = fig.subfigures(len(sims), 1, height_ratios=heights, squeeze=False)[:, 0]
+    for (scenario, sim), block in zip(sims.items(), blocks):
+        block.suptitle(_run_label(reps[scenario]), fontsize="medium")
+        axes = block.subplots(len(sim.rows), cols, squeeze=False)
+        im = None
+        for name, row in zip(sim.rows, axes):
+            for j, ax in enumerate(row):
+                if j >= len(sim.rounds):
+                    ax.set_visible(False)
+                    continue
+                r = sim.rounds[j]
+                im = heatmaps.heatmap(ax, sim.matrices[name, r], heatmaps.similarity_cmap(), -1, 1)
+                ax.set_title(f"{heatmaps.SIMILARITIES[name]}, round {r}", fontsize="medium")
+                ax.set_xlabel("client")
+                ax.set_ylabel("client")
+        block.colorbar(im, ax=axes.ravel().tolist(), label="cosine similarity\n(grey: not uploaded yet)", shrink=0.8)
     return fig
 
 
