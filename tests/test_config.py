@@ -192,6 +192,16 @@ def test_a_tracking_uri_without_a_store_is_refused(uri):
         load_config(None, [f"tracking.uri={uri}"])
 
 
+@pytest.mark.parametrize("uri, database", [
+    ("sqlite:///results/mlflow.db", "results/mlflow.db"), ("sqlite:////abs/m.db?mode=rwc", "/abs/m.db"),
+    ("sqlite:///", ""), ("sqlite://", ""), ("sqlite:///:memory:", ""), ("sqlite:///?mode=ro", ""),
+    ("postgresql://h/db", None), ("file:///tmp/mlruns", None), ("mlruns", None)])
+def test_one_reading_of_a_sqlite_uri_gives_its_file(uri, database):
+    from fedfactor.config import sqlite_file
+
+    assert sqlite_file(uri) == database
+
+
 # ---------------------------------------------------------------------------------------------
 # issue 39: bad input refused in one line before anything is read further
 

@@ -621,11 +621,12 @@ def _check_args(args) -> None:
         if getattr(args, dest) is not None:
             check_output(getattr(args, dest), kind, "--" + dest.replace("_", "-"))
     if getattr(args, "uri", None) is not None:
-        from .config import check_tracking_uri
+        from .config import check_tracking_uri, sqlite_file
 
         check_tracking_uri(args.uri, "--uri")
-        if args.uri.startswith("sqlite:///") and args.command != "diagnose":  # diagnose never creates a store
-            check_output(args.uri.removeprefix("sqlite:///").split("?", 1)[0], "file", "--uri")
+        database = sqlite_file(args.uri)
+        if database and args.command != "diagnose":  # diagnose never creates a store
+            check_output(database, "file", "--uri")
     if getattr(args, "experiment", None) is not None and not args.experiment.strip():
         raise UsageError("--experiment is empty; name the MLflow experiment")
 

@@ -199,6 +199,16 @@ class DiagnosticsConfig(Section):
 TRACKING_SCHEMES = {"sqlite", "postgresql", "mysql", "mssql", "file", "http", "https", "databricks"}
 
 
+def sqlite_file(uri: str) -> str | None:
+    """The database file a `sqlite:` URI names ("" for none: `sqlite://`, `:memory:`); None for any
+    other store. The one reading of a SQLite URI: the config check, the CLI's output check and the
+    tracker's store all go through it."""
+    if not uri.startswith("sqlite:"):
+        return None
+    path = uri.removeprefix("sqlite:///").split("?", 1)[0] if uri.startswith("sqlite:///") else ""
+    return "" if path == ":memory:" else path
+
+
 def check_tracking_uri(uri: str, key: str = "tracking.uri") -> str:
     """A store URI MLflow would not silently replace: `sqlite:///` without a file logs to ./mlruns."""
     if not uri.strip():
@@ -207,11 +217,9 @@ def check_tracking_uri(uri: str, key: str = "tracking.uri") -> str:
     if scheme and scheme not in TRACKING_SCHEMES:  # MLflow would fail at the first call, and the job train on untracked
         raise UsageError(f"{key} {uri!r}: unknown scheme {scheme!r}; use one of {', '.join(sorted(TRACKING_SCHEMES))}, "
                          "or a local folder")
-    if uri.startswith("sqlite:"):
-        path = uri.removeprefix("sqlite:///").split("?", 1)[0] if uri.startswith("sqlite:///") else ""
-        if not path or path == ":memory:":
-            raise UsageError(f"{key} {uri!r} names no database file; write sqlite:///PATH, e.g. "
-                             "sqlite:///results/mlflow.db (four slashes for an absolute path)")
+    if sqlite_file(uri) == "":
+        raise UsageError(f"{key} {uri!r} names no database file; write sqlite:///PATH, e.g. "
+                         "sqlite:///results/mlflow.db (four slashes for an absolute path)")
     return uri
 
 

@@ -54,7 +54,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from .config import TrackingConfig
+from .config import TrackingConfig, sqlite_file
 from .errors import UsageError
 from .io import atomic_write_json, exclusive_lock
 
@@ -135,9 +135,9 @@ def _retry(call: Callable[[], T]) -> T:
 
 def _local_path(uri: str) -> Path | None:
     """The database file of a sqlite:/// URI, or the folder of a local file store; else None."""
-    if uri.startswith("sqlite:///"):
-        path = uri[len("sqlite:///"):].split("?", 1)[0]
-        return Path(path) if path and path != ":memory:" else None
+    database = sqlite_file(uri)
+    if database is not None:
+        return Path(database) if database else None
     parsed = urlparse(uri)
     if parsed.scheme == "file":
         return Path(url2pathname(parsed.path))

@@ -89,5 +89,5 @@ def test_every_method_is_named_by_its_registration_alone():
         class Toy(Method):
             pass
 
-        assert Toy.name == "toy_named" and variant("toy_variant", "its preset", Toy).name == "toy_variant"
+        assert Toy.name == "toy_named" and variant(Toy, "toy_variant", "its preset").name == "toy_variant"
         assert Toy.name == "toy_named"  # a variant names itself, not its base

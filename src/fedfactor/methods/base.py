@@ -302,8 +302,8 @@ class Method:
         return state
 
 
-def variant(name: str, description: str, base: type[Method], **preset: Any) -> type[Method]:
-    """Register a preset of a method's hyperparameters under its own name (an ablation)."""
+def variant(base: type[Method], name: str, description: str, **preset: Any) -> type[Method]:
+    """Register a preset of `base`'s hyperparameters under its own name (an ablation)."""
     unknown = set(preset) - set(base.Params.model_fields)
     if unknown:
         raise ValueError(f"{name}: unknown hyperparameters {sorted(unknown)}")

@@ -9,8 +9,6 @@ Choices the paper leaves open, variants and diagnostics: docs/methods/feddecomp.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from pydantic import model_validator
 from torch import nn
@@ -129,17 +127,13 @@ def _distance(a: State, b: State, keys: list[str]) -> torch.Tensor:
     return torch.stack([(a[k].double() - b[k].double()).square().sum() for k in keys]).sum().sqrt()
 
 
-def _variant(name: str, description: str, **changes: Any) -> type:
-    return variant(name, description, FedDecomp, **changes)
-
-
-_variant("feddecomp_text", "FedDecomp with tau as the paper's text writes it (eqs. 3-4: its shapes, no 1/r scale; "
+variant(FedDecomp, "feddecomp_text", "FedDecomp with tau as the paper's text writes it (eqs. 3-4: its shapes, no 1/r scale; "
          "ablation of the as-run default)", style="paper")
-_variant("feddecomp_simultaneous", "FedDecomp training sigma and tau together for E epochs (004 Table 3)",
+variant(FedDecomp, "feddecomp_simultaneous", "FedDecomp training sigma and tau together for E epochs (004 Table 3)",
          training="simultaneous")
-_variant("feddecomp_reverse", "FedDecomp_Reverse: shares the low-rank tau, keeps the full-rank sigma (004 Table 5)",
+variant(FedDecomp, "feddecomp_reverse", "FedDecomp_Reverse: shares the low-rank tau, keeps the full-rank sigma (004 Table 5)",
          share="tau")
-_variant("feddecomp_lowrank_fedavg", "FedAvg w/ Low-Rank: sigma + tau trained together, all shared (004 Table 4)",
+variant(FedDecomp, "feddecomp_lowrank_fedavg", "FedAvg w/ Low-Rank: sigma + tau trained together, all shared (004 Table 4)",
          training="simultaneous", share="all")
-_variant("feddecomp_lowrank_local", "Local w/ Low-Rank: sigma + tau trained together, nothing shared (004 Table 4)",
+variant(FedDecomp, "feddecomp_lowrank_local", "Local w/ Low-Rank: sigma + tau trained together, nothing shared (004 Table 4)",
          training="simultaneous", share="none")
