@@ -21,7 +21,7 @@ LAYERS = [
     {"fedfactor", "errors"},
     {"registry", "io", "devices", "environment"},
     {"config"},
-    {"data", "nn", "analysis"},  # analysis/: mathematics on weights, no knowledge of models or runs
+    {"data", "reparam", "analysis"},  # analysis/: mathematics on weights, no knowledge of models or runs
     {"models"},
     {"fl"},  # the primitives: state, communication meter, local training, batched clients
     {"methods"},

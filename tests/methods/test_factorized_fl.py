@@ -9,7 +9,7 @@ from fedfactor.simulator import Simulator
 from fedfactor.methods import METHODS, build
 from fedfactor.methods.factorized_fl import BITS, MATCH, VALUES
 from fedfactor.methods.simfed import CRITERIA
-from fedfactor.nn import Factorized
+from fedfactor.reparam import Factorized
 
 PERMUTED = ["partition.permute_labels=true"]
 

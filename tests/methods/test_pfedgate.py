@@ -67,7 +67,7 @@ def _one_step(**hp):
 
 def test_one_step_trains_the_kept_blocks_and_the_gate_with_one_loss():
     # Linear(4, 2) on 1x2x2 inputs, W = [[1, 2, 3, 4], [5, 6, 7, 8]], b = [1, -1]; split 2, s = 0.8,
-    # the paper's style: weights 0.9, 0 (does not fit the budget), 0.6, 0.5 (floored): nn/test_gate.py
+    # the paper's style: weights 0.9, 0 (does not fit the budget), 0.6, 0.5 (floored): reparam/test_gate.py
     # works these out.
     state, new, loss = _one_step(sparsity=0.8, style="paper")
     # gated logits (5.1, -0.5) and (9.6, -0.5), both labelled 1: dL/dz_n = (s_n, -s_n) / 2, s_n = sigmoid(gap)
@@ -88,7 +88,7 @@ def test_one_step_trains_the_kept_blocks_and_the_gate_with_one_loss():
 
 
 def test_one_official_step_scales_by_raw_scores_and_adds_the_codes_straight_through_gradient():
-    # s = 0.9 in the code's way (nn/test_gate.py): weights 0.9, 0 (W row 1 dropped), 0.6, 0.3 (raw).
+    # s = 0.9 in the code's way (reparam/test_gate.py): weights 0.9, 0 (W row 1 dropped), 0.6, 0.3 (raw).
     # Gated logits (5.1, -0.3) and (9.6, -0.3), both labelled 1: gaps 5.4 and 9.9.
     state, new, loss = _one_step(sparsity=0.9)
     s1, s2 = 1 / (1 + math.exp(-5.4)), 1 / (1 + math.exp(-9.9))

@@ -9,7 +9,7 @@ from fedfactor.cli import main
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
 from fedfactor.simulator import Simulator
-from fedfactor.nn import hadamard_layers
+from fedfactor.reparam import hadamard_layers
 
 from ..conftest import record_uploads
 

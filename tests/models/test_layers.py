@@ -5,8 +5,8 @@ from torch import nn
 from fedfactor.errors import UsageError
 from fedfactor.models import build_model, resolve_layers, unit_entries, weight_layers
 from fedfactor.models.layers import effective_weight, layer_entries, layer_units, unit_rows
-from fedfactor.nn import factorize, hadamardize
-from fedfactor.nn.lowrank import decompose
+from fedfactor.reparam import factorize, hadamardize
+from fedfactor.reparam.lowrank import decompose
 
 
 def test_layers_are_numbered_from_the_input_with_the_head_last():

@@ -1,6 +1,6 @@
 """Factorized-FL (Jeong & Hwang, NeurIPS 2022; papers 000 and 002) and its ablations.
 
-Every Conv2d and Linear is factorized as W = pi(u v^T + mu) (`fedfactor.nn.factorize`). After each
+Every Conv2d and Linear is factorized as W = pi(u v^T + mu) (`fedfactor.reparam.factorize`). After each
 round the server holds every client's last upload; client k then downloads its own mixture of the
 clients whose key v (of the last convolution as run; v^{L-1} in the text) is most similar to its
 own (eqs. 4-5).
@@ -21,8 +21,8 @@ from ..errors import UsageError
 from ..analysis.similarity import cosine_matrix, mixing_weights
 from ..fl.state import State, clone, pack_sparse, select, unpack_sparse, weighted_average
 from ..fl.train import Phase, derive_seed
-from ..nn import LAYOUTS, factorize, factorized_layers
-from ..nn.factorized import BIAS_INITS, MU_INITS
+from ..reparam import LAYOUTS, factorize, factorized_layers
+from ..reparam.factorized import BIAS_INITS, MU_INITS
 from .base import METHODS, Count, Float, Method, Params, at_least, one_of, variant
 
 BITS, VALUES = ".bits", ".values"  # suffixes of a sparse-sent entry: bitmap of non-zeros, their values

@@ -16,7 +16,7 @@ from torch import nn
 from ..errors import UsageError
 from ..fl.state import State, clone, select
 from ..fl.train import Phase, derive_seed
-from ..nn.lowrank import STYLES, decompose, lowrank_layers
+from ..reparam.lowrank import STYLES, decompose, lowrank_layers
 from .base import METHODS, Count, Float, Method, Params, at_least, one_of, variant
 
 

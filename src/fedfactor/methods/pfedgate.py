@@ -1,6 +1,6 @@
 """pFedGate (Chen, Yao, Gao, Ding and Li, ICML 2023): sparse personal adaptation of a shared model.
 
-Every client holds a small personal gate (`fedfactor.nn.gate`) that maps its input batch to a score
+Every client holds a small personal gate (`fedfactor.reparam.gate`) that maps its input batch to a score
 per block of the shared model's parameters; under a sparsity budget s only the best-scored blocks
 are kept, scaled by their scores, the rest zeroed, and the client predicts with that gated model.
 The shared model is aggregated as FedAvg (sample-weighted); the gate never leaves the client. A
@@ -19,7 +19,7 @@ from ..errors import UsageError
 from ..fl.state import State, clone, select
 from ..fl.train import Trainer, derive_seed, make_optimizer, mean_loss
 from ..models import resolve_layers
-from ..nn.gate import GatedModel
+from ..reparam.gate import GatedModel
 from .base import METHODS, Count, Float, Method, Params, one_of, positive_or_none
 
 GATE = "gate."  # the personal gate's entries
@@ -38,7 +38,7 @@ class PFedGate(Method):
         split: Count = Field(5, ge=1)  # blocks per parameter tensor (the authors' scripts)
         gate_lr: int | float | None = None  # the gate's learning rate; null: the run's fl.lr
         clip: Float = Field(10.0, ge=0)  # max gradient norm of gate and model, each; 0: none (the code: 10)
-        # official (the authors' code) | paper: budget, ranking, scaling (nn/gate.py)
+        # official (the authors' code) | paper: budget, ranking, scaling (reparam/gate.py)
         style: one_of("official", "paper") = "official"
         keep_optimizer: bool = True  # each client's optimizer state carries over to its next round (the code)
 

@@ -1,6 +1,6 @@
 """pFedPara (Hyeon-Woo, Ye-Bin and Oh, ICLR 2022), the personalised FedPara; a baseline of 000 Table 1.
 
-Every Conv2d and Linear becomes a low-rank Hadamard layer W = W_1 o (W_2 + 1) (`fedfactor.nn.hadamard`):
+Every Conv2d and Linear becomes a low-rank Hadamard layer W = W_1 o (W_2 + 1) (`fedfactor.reparam.hadamard`):
 the factors of W_1 are global (sent, sample-weighted mean on the server as FedAvg), those of W_2
 personal (never leave the client). 002 C.1 describes it so and its Table 5 counts C2S = S2C = U + V,
 the shared factors only. Clients train all their parameters together for the run's epochs and
@@ -15,8 +15,8 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from ..errors import UsageError
-from ..nn import gamma_for_share, hadamard_layers, hadamardize
-from ..nn.hadamard import INITS
+from ..reparam import gamma_for_share, hadamard_layers, hadamardize
+from ..reparam.hadamard import INITS
 from .base import METHODS, Float, Method, Params, one_of
 
 

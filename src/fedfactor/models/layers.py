@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from ..nn.factorized import Reparameterized
-from ..nn.lowrank import LowRankConv2d, LowRankLinear
+from ..reparam.factorized import Reparameterized
+from ..reparam.lowrank import LowRankConv2d, LowRankLinear
 
 
 def weight_layers(model: nn.Module) -> dict[int, str]:

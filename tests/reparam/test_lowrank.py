@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedfactor.nn.lowrank import LowRankConv2d, LowRankLinear, decompose, lowrank_layers, rank_for
+from fedfactor.reparam.lowrank import LowRankConv2d, LowRankLinear, decompose, lowrank_layers, rank_for
 
 
 def _net():

@@ -1,4 +1,4 @@
-"""Tests for fedfactor.nn.hadamard: FedPara's low-rank Hadamard layers (W1 o W2, pFedPara W1 o (W2 + 1))."""
+"""Tests for fedfactor.reparam.hadamard: FedPara's low-rank Hadamard layers (W1 o W2, pFedPara W1 o (W2 + 1))."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedfactor.models import build_model
-from fedfactor.nn import Hadamard, gamma_for_share, hadamard_layers, hadamardize, rank_bounds, rank_for
+from fedfactor.reparam import Hadamard, gamma_for_share, hadamard_layers, hadamardize, rank_bounds, rank_for
 
 
 def _set(layer: Hadamard, **values) -> Hadamard:

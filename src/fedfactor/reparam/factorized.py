@@ -13,7 +13,7 @@ A fully connected W in R^{O x I} is (u v^T + mu)^T with u in R^I, v in R^O in ev
 
 `Reparameterized` (a layer computing its weight from parameters) and `replace_layers` (the
 in-place swap of every Conv2d/Linear) are the mechanism these layers share with the low-rank
-Hadamard layers of FedPara (nn/hadamard.py).
+Hadamard layers of FedPara (reparam/hadamard.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tests for fedfactor.nn.gate: pFedGate's blocks, budgeted selection, gate and gated forward."""
+"""Tests for fedfactor.reparam.gate: pFedGate's blocks, budgeted selection, gate and gated forward."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedfactor.models import HeadedModel
-from fedfactor.nn.gate import GatedModel, SwitchNorm2d, block_sizes, select_blocks, split_blocks
+from fedfactor.reparam.gate import GatedModel, SwitchNorm2d, block_sizes, select_blocks, split_blocks
 
 
 def _fix_scores(model: GatedModel, scores: list[float]) -> None:

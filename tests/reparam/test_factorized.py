@@ -1,4 +1,4 @@
-"""Tests for fedfactor.nn.factorized: W = pi(u v^T + mu) (000 eqs. 2-3, 003 eq. 6)."""
+"""Tests for fedfactor.reparam.factorized: W = pi(u v^T + mu) (000 eqs. 2-3, 003 eq. 6)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedfactor.models import build_model
-from fedfactor.nn import LAYOUTS, Factorized, factorize, factorized_layers, to_weight
+from fedfactor.reparam import LAYOUTS, Factorized, factorize, factorized_layers, to_weight
 
 O, I, K = 2, 3, 2  # a tiny conv: 2 filters, 3 input channels, 2x2 kernels
 
