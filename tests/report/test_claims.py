@@ -299,3 +299,53 @@ def test_every_kind_of_claim_swaps_its_as_run_labels_for_the_text_variants(runs,
 def test_text_variants_must_name_listed_methods():
     with pytest.raises(ValueError, match="text_variants names method 'nope'"):
         _study([], text_variants={"a": "nope"})
+
+
+# -- the statistics behind a verdict, against scipy directly (the survivors of a mutation run) -------
+
+
+def test_two_shared_seeds_are_enough_for_the_paired_test_and_its_null_is_no_difference():
+    from scipy import stats
+
+    from fedfactor.report.cells import Values
+    from fedfactor.report.claims import _estimate
+
+    a, b = Values({0: 0.90, 1: 0.86}), Values({0: 0.80, 1: 0.81, 2: 0.5})  # seeds 0 and 1 shared
+    est = _estimate([a, b], lambda x, y: x - y, 0.0, False, (a, b))
+    diffs = [0.10, 0.05]
+    ref = stats.ttest_1samp(diffs, 0.0)
+    ci = ref.confidence_interval(0.95)
+    assert est.value == pytest.approx(0.075) and (est.lo, est.hi) == pytest.approx((ci.low, ci.high))
+    assert est.test == f"paired t-test p={ref.pvalue:.2g}, n=2" and not est.exact
+
+
+@pytest.mark.filterwarnings("ignore:Precision loss occurred:RuntimeWarning")  # scipy, on the constant side
+def test_welchs_test_runs_when_one_side_alone_has_no_spread():
+    """Also: a side is constant by its values; three seeds at 0.7 have a std of 1e-16 in floats."""
+    from scipy import stats
+
+    from fedfactor.report.cells import Values
+    from fedfactor.report.claims import _welch_test
+
+    a, b = Values({0: 0.7, 1: 0.7, 2: 0.7}), Values({3: 0.5, 4: 0.6, 5: 0.55})  # a constant, b not
+    est = _welch_test(a, b)
+    ref = stats.ttest_ind([0.7] * 3, [0.5, 0.6, 0.55], equal_var=False)
+    ci = ref.confidence_interval(0.95)
+    assert (est.lo, est.hi) == pytest.approx((ci.low, ci.high)) and est.lo < est.value < est.hi and not est.exact
+    both = _welch_test(a, Values({3: 0.5, 4: 0.5}))  # no spread on either side: the difference is exact
+    assert (both.value, both.lo, both.hi, both.exact) == (pytest.approx(0.2), pytest.approx(0.2), pytest.approx(0.2), True)
+    assert both.test == "the same in all seeds of each side, seeds not paired, n=3 vs 2"
+
+
+def test_without_shared_seeds_or_welch_there_is_no_interval_and_bytes_alone_are_exact():
+    import math
+
+    from fedfactor.report.cells import Values
+    from fedfactor.report.claims import _estimate
+
+    a, b = Values({0: 2.0}), Values({0: 1.0})
+    acc = _estimate([a, b], lambda x, y: x - y, 0.0, False, (a, b))
+    assert acc.value == 1.0 and math.isnan(acc.lo) and math.isnan(acc.hi) and not acc.exact
+    assert acc.test == "n=1, no interval"
+    gb = _estimate([a, Values({1: 1.0})], lambda x, y: x / y, 1.0, True, None)
+    assert gb.exact and gb.test == "seeds not paired, n=1 vs 1, no interval, bytes taken as exact"
