@@ -317,6 +317,40 @@ def _previous_fingerprint(out: Path) -> dict | None:
 
 
 def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
+    """The run in `out`: its folder made ready (resumed from its checkpoint where one fits), the
+    rounds, then the summary and the tracker's last word. Each step is a function of its own."""
+    fp, resumed = _prepare_folder(cfg, out, sim)
+    environment = versions(sim.device)
+    params, tags, run_name = run_identity(cfg, out, environment)
+    tracker = Tracker(cfg.tracking, out, params, tags, run_name)
+    checkpoints = _Checkpoints(cfg, out, sim, fp, resumed, tracker, run_name)
+    rows = [r.metrics() for r in sim.records]
+    if rows:  # rounds after the checkpoint that a killed job had written are recomputed
+        atomic_write_text(out / "metrics.csv", pd.DataFrame(rows).to_csv(index=False))
+    try:
+        sim.run(_RoundOutputs(cfg, out, rows, tracker, checkpoints, run_name))
+    except Interrupted as e:
+        checkpoints.save()
+        tracker.end("KILLED")
+        log.warning("%s stopped by %s after round %d of %d; checkpoint written: run the same command again "
+                    "to resume", run_name, signal.Signals(e.signum).name, sim.round, cfg.fl.rounds)
+        raise
+    except BaseException:
+        tracker.end("FAILED")
+        raise
+    summary = _summarise(cfg, out, sim, resumed, tracker, environment, run_name)
+    # summary.json is the job's completion marker: written last, atomically.
+    atomic_write_json(out / "summary.json", summary)
+    _finish_tracking(cfg, out, summary, tracker, run_name)
+    if not cfg.checkpoint.keep:
+        checkpoints.path.unlink(missing_ok=True)
+    return summary
+
+
+def _prepare_folder(cfg: Config, out: Path, sim: Simulator) -> tuple[dict, list[int]]:
+    """Make `out` ready for the run: a folder of another config's run starts over, a checkpoint of
+    this config's is loaded into `sim`; returns the config's fingerprint and the rounds the run was
+    resumed after."""
     remove_stale_temporaries(out)
     fp = fingerprint(cfg)
     previous = _previous_fingerprint(out)
@@ -328,8 +362,7 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
         for name in (CHECKPOINT, STATE_FILE, "metrics.csv", WEIGHTS):
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(out / "diagnostics", ignore_errors=True)
-    ckpt_path = out / CHECKPOINT
-    ckpt = _checked_checkpoint(ckpt_path, fp, sim)
+    ckpt = _checked_checkpoint(out / CHECKPOINT, fp, sim)
     # A stale summary must not survive a failed rerun. A kept checkpoint of the last round (a
     # finished run re-summarised) rewrites the same rounds, so its run's summary stays until the
     # new one replaces it: a rerun that fails (a full disk) loses nothing finished.
@@ -344,69 +377,93 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
         (out / "metrics.csv").unlink(missing_ok=True)
     atomic_write_json(out / FINGERPRINT, fp)
     atomic_write_text(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    environment = versions(sim.device)
-    params, tags, run_name = run_identity(cfg, out, environment)
-    tracker = Tracker(cfg.tracking, out, params, tags, run_name)
-    rows = [r.metrics() for r in sim.records]
-    if rows:  # rounds after the checkpoint that a killed job had written are recomputed
-        atomic_write_text(out / "metrics.csv", pd.DataFrame(rows).to_csv(index=False))
+    return fp, resumed
 
-    last = {"at": _clock(), "took": 0.0}  # when the last checkpoint was written, and its seconds
 
-    def save_checkpoint() -> None:
+class _Checkpoints:
+    """When the run's checkpoint falls due (`checkpoint.every` rounds, `checkpoint.minutes`, and never
+    while writing it takes more than `checkpoint.max_share` of the time), and writing it."""
+
+    def __init__(self, cfg: Config, out: Path, sim: Simulator, fp: dict, resumed: list[int], tracker: Tracker,
+                 run_name: str):
+        self.cfg, self.out, self.sim, self.fp, self.resumed = cfg.checkpoint, out, sim, fp, resumed
+        self.tracker, self.run_name = tracker, run_name
+        self.path = out / CHECKPOINT
+        self.last_at, self.took = _clock(), 0.0  # when the last checkpoint was written, and its seconds
+
+    def due(self, rnd: int) -> bool:
+        ck, since = self.cfg, _clock() - self.last_at
+        if ck.minutes and since >= 60 * ck.minutes:
+            return True
+        return bool(ck.every and rnd % ck.every == 0) and not (self.took > 1.0 and self.took > ck.max_share * since)
+
+    def save(self) -> None:
         # The new checkpoint is written beside the last one, which is replaced only once the new one
         # is complete: for a while both are on disk. Said before the write, not after a full disk.
-        if ckpt_path.exists():
-            size, free = ckpt_path.stat().st_size, shutil.disk_usage(out).free
+        if self.path.exists():
+            size, free = self.path.stat().st_size, shutil.disk_usage(self.out).free
             if free < 1.1 * size:
                 log.warning("%s: %.1f GB free beside the last checkpoint; the next one (about %.1f GB) is written "
                             "beside it before replacing it: free disk space, or the write fails and the last "
-                            "checkpoint stays", run_name, free / 1e9, size / 1e9)
+                            "checkpoint stays", self.run_name, free / 1e9, size / 1e9)
         start = _clock()
-        with atomic_open(ckpt_path) as f:
-            torch.save({"version": CHECKPOINT_VERSION, "fingerprint": fp, "simulator": sim.state_dict(),
-                        "resumed": resumed, "mlflow_run_id": tracker.run_id}, f)
-        now = _clock()
-        last.update(at=now, took=now - start)
-        log.info("%s checkpoint of round %d written: %.1f MB in %.1f s", run_name, sim.round,
-                 ckpt_path.stat().st_size / 1e6, last["took"])
+        with atomic_open(self.path) as f:
+            torch.save({"version": CHECKPOINT_VERSION, "fingerprint": self.fp, "simulator": self.sim.state_dict(),
+                        "resumed": self.resumed, "mlflow_run_id": self.tracker.run_id}, f)
+        self.last_at = _clock()
+        self.took = self.last_at - start
+        log.info("%s checkpoint of round %d written: %.1f MB in %.1f s", self.run_name, self.sim.round,
+                 self.path.stat().st_size / 1e6, self.took)
 
-    every, R, ck = cfg.checkpoint.every, cfg.fl.rounds, cfg.checkpoint
 
-    def checkpoint_due(rnd: int) -> bool:
-        since = _clock() - last["at"]
-        if ck.minutes and since >= 60 * ck.minutes:
-            return True
-        return bool(every and rnd % every == 0) and not (last["took"] > 1.0 and last["took"] > ck.max_share * since)
+class _RoundOutputs:
+    """What each round leaves, through one channel: the loop's metrics and the method's diagnostics
+    go to metrics.csv and MLflow, its arrays to diagnostics/<name>/, a line to the log, and the
+    checkpoint when it falls due."""
 
-    def on_round(rec: RoundRecord) -> None:
-        # One channel for everything a round produced: the loop's metrics and the method's
-        # diagnostics go to metrics.csv and MLflow, its arrays to diagnostics/<name>/.
+    def __init__(self, cfg: Config, out: Path, rows: list[dict], tracker: Tracker, checkpoints: _Checkpoints,
+                 run_name: str):
+        self.out, self.rows, self.tracker, self.checkpoints, self.run_name = out, rows, tracker, checkpoints, run_name
+        self.rounds, self.keep = cfg.fl.rounds, cfg.checkpoint.keep
+
+    def __call__(self, rec: RoundRecord) -> None:
         row = rec.metrics()
-        rows.append(row)
-        atomic_write_text(out / "metrics.csv", pd.DataFrame(rows).to_csv(index=False))
+        self.rows.append(row)
+        atomic_write_text(self.out / "metrics.csv", pd.DataFrame(self.rows).to_csv(index=False))
         for key, array in rec.arrays.items():
-            atomic_write_npy(out / "diagnostics" / key / f"round_{rec.round:04d}.npy", array)
-        tracker.log_metrics({k: v for k, v in row.items() if k != "round"}, step=rec.round)
+            atomic_write_npy(self.out / "diagnostics" / key / f"round_{rec.round:04d}.npy", array)
+        self.tracker.log_metrics({k: v for k, v in row.items() if k != "round"}, step=rec.round)
         if rec.skipped:
-            log.warning("%s round %d: dropped the diverged updates of clients %s", run_name, rec.round, rec.skipped)
+            log.warning("%s round %d: dropped the diverged updates of clients %s", self.run_name, rec.round,
+                        rec.skipped)
         if rec.test is not None and not sys.stderr.isatty():
-            log.info("%s round %d/%d: accuracy %.2f%% +- %.2f, up %d B, down %d B, %.1f s", run_name, rec.round, R,
-                     100 * rec.test.mean, 100 * rec.test.std, rec.bytes_up, rec.bytes_down, rec.elapsed_seconds)
-        if (rec.round < R and checkpoint_due(rec.round)) or (rec.round == R and cfg.checkpoint.keep):
-            save_checkpoint()
+            log.info("%s round %d/%d: accuracy %.2f%% +- %.2f, up %d B, down %d B, %.1f s", self.run_name, rec.round,
+                     self.rounds, 100 * rec.test.mean, 100 * rec.test.std, rec.bytes_up, rec.bytes_down,
+                     rec.elapsed_seconds)
+        R = self.rounds
+        if (rec.round < R and self.checkpoints.due(rec.round)) or (rec.round == R and self.keep):
+            self.checkpoints.save()
 
-    try:
-        sim.run(on_round)
-    except Interrupted as e:
-        save_checkpoint()
-        tracker.end("KILLED")
-        log.warning("%s stopped by %s after round %d of %d; checkpoint written: run the same command again "
-                    "to resume", run_name, signal.Signals(e.signum).name, sim.round, R)
-        raise
-    except BaseException:
-        tracker.end("FAILED")
-        raise
+
+def _run_warnings(sim: Simulator, accuracy: float, chance: float) -> list[str]:
+    """How the run degenerated, if it did: the method's account from its logged scalars, and the
+    loop's own, the diverged updates it dropped (a round that dropped every one has stopped the run)
+    and a reported accuracy no better than always answering the majority class."""
+    warnings = list(sim.method.run_warnings([r.diagnostics for r in sim.records]))
+    dropped = [(r.round, k) for r in sim.records for k in r.skipped]
+    if dropped:
+        shown = ", ".join(f"round {r} client {k}" for r, k in dropped[:10]) + (", ..." if len(dropped) > 10 else "")
+        warnings.append(f"{len(dropped)} client update(s) diverged and were dropped (fl.on_divergence=skip; the "
+                        f"client kept its last state): {shown}; see skipped_updates, lower fl.lr")
+    if (at_chance := chance_warning(accuracy, chance)) is not None:
+        warnings.append(at_chance)
+    return warnings
+
+
+def _summarise(cfg: Config, out: Path, sim: Simulator, resumed: list[int], tracker: Tracker,
+               environment: dict, run_name: str) -> dict[str, Any]:
+    """summary.json's content, after the last round: the scores, the new clients', the client
+    weights kept for the diagnostics, the warnings, bytes and versions."""
     new_clients = None
     if sim.newcomers:
         scored = sim.evaluate_new_clients()
@@ -414,22 +471,12 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
             name: {"accuracy_mean": sc.mean, "accuracy_weighted": sc.weighted, "per_client": sc.per_client.tolist()}
             for name, sc in scored.items()}}
     analysed, analysed_clients = save_client_weights(cfg, sim, out / WEIGHTS)
-    # How the run degenerated, if it did: the method's account from its logged scalars, and the
-    # loop's own, the diverged updates it dropped (a round that dropped every one has stopped the run)
-    # and a reported accuracy no better than always answering the majority class.
     scores = summarize(sim.records, cfg.eval.report)
     chance = chance_accuracy(sim)
-    warnings = list(sim.method.run_warnings([r.diagnostics for r in sim.records]))
-    dropped = [(r.round, k) for r in sim.records for k in r.skipped]
-    if dropped:
-        shown = ", ".join(f"round {r} client {k}" for r, k in dropped[:10]) + (", ..." if len(dropped) > 10 else "")
-        warnings.append(f"{len(dropped)} client update(s) diverged and were dropped (fl.on_divergence=skip; the "
-                        f"client kept its last state): {shown}; see skipped_updates, lower fl.lr")
-    if (at_chance := chance_warning(scores["accuracy"], chance)) is not None:
-        warnings.append(at_chance)
+    warnings = _run_warnings(sim, scores["accuracy"], chance)
     for line in warnings:
         log.warning("%s: %s", run_name, line)
-    summary = {
+    return {
         "method": cfg.label or cfg.method["name"],
         "method_name": cfg.method["name"],
         "dataset": cfg.data.name,
@@ -437,7 +484,7 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
         "seed": cfg.seed,
         "model": cfg.model.name,
         "partition": cfg.partition.kind,
-        "rounds": R,
+        "rounds": cfg.fl.rounds,
         "clients": cfg.fl.clients,
         "num_classes": sim.partition.num_classes,
         "head_local": sim.head_local,
@@ -462,11 +509,13 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
         "versions": environment,
         "config": cfg.to_dict(),
     }
-    # summary.json is the job's completion marker: written last, atomically.
-    atomic_write_json(out / "summary.json", summary)
-    files = [out / name for name in RUN_FILES]
+
+
+def _finish_tracking(cfg: Config, out: Path, summary: dict[str, Any], tracker: Tracker, run_name: str) -> None:
+    """The MLflow run's final metrics (final_*), its warnings as a tag, the run's files, FINISHED."""
+    warnings = summary["warnings"]
     finals = {k: summary[k] for k in FINAL_KEYS if summary[k] is not None}
-    for name, sc in (new_clients or {"strategies": {}})["strategies"].items():
+    for name, sc in (summary["new_clients"] or {"strategies": {}})["strategies"].items():
         finals[f"new_clients_{name}_accuracy_weighted"] = sc["accuracy_weighted"]
     finals["warnings"] = len(warnings)  # final_warnings: 0 for a run that did not degenerate
     if warnings and tracker.active:  # the lines as a tag, on the run the tracker holds (nothing is created)
@@ -475,7 +524,4 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
                                      run_id=tracker.run_id)
         if outcome != "logged":
             log.warning("%s: the run's warnings are not in MLflow (%s); summary.json has them", run_name, detail)
-    tracker.finish(finals, [f for f in files if f.exists()])
-    if not cfg.checkpoint.keep:
-        ckpt_path.unlink(missing_ok=True)
-    return summary
+    tracker.finish(finals, [f for f in (out / name for name in RUN_FILES) if f.exists()])
