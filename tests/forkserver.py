@@ -37,11 +37,12 @@ from pathlib import Path
 COMMANDS = ("fedfactor", "snakemake")
 # What the commands import; a module left out is imported by the child that needs it.
 PRELOAD = ["snakemake.cli", "snakemake.api", "torch", "torchvision", "numpy", "pandas", "scipy.stats", "sklearn",
-           "matplotlib", "mlflow", "fedfactor.cli", "fedfactor.job", "fedfactor.simulator", "fedfactor.tracking", "fedfactor.methods",
-           "fedfactor.models", "fedfactor.data.datasets", "fedfactor.data.partition", "fedfactor.report.table",
-           "fedfactor.report.figures", "fedfactor.report.diagnose", "fedfactor.report.claims",
-           "fedfactor.report.paper", "fedfactor.report.study_figures", "fedfactor.plan", "fedfactor.workflow",
-           "fedfactor.tuning", "fedfactor.report.spec", "fedfactor.report.study", "fedfactor.progress"]
+           "matplotlib", "mlflow", "fedfactor.cli", "fedfactor.job", "fedfactor.simulator", "fedfactor.tracking",
+           "fedfactor.methods", "fedfactor.models", "fedfactor.data.datasets", "fedfactor.data.partition",
+           "fedfactor.report.table", "fedfactor.report.figures", "fedfactor.report.diagnose",
+           "fedfactor.report.claims", "fedfactor.report.paper", "fedfactor.report.study_figures", "fedfactor.plan",
+           "fedfactor.workflow", "fedfactor.tuning", "fedfactor.report.spec", "fedfactor.report.study",
+           "fedfactor.progress"]
 
 CLIENT = '''\
 #!{python} -IS
@@ -125,7 +126,7 @@ def _child(request: dict, fds: list[int]) -> None:
             from fedfactor.cli import main
 
         try:
-            code = main()
+            code = int(main() or 0)  # fedfactor's main returns its status; Snakemake's raises SystemExit
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         atexit._run_exitfuncs()

@@ -90,6 +90,8 @@ def _kind(command: str) -> str:
         return "test-suite"
     if argv[:3] == ["python", "-m", "benchmarks"]:
         return "benchmarks"
+    if argv[:2] == ["python", "-m"] and argv[2].startswith("probes."):
+        return "probes"
     if argv[0] == "mutmut" or argv[:3] == ["mkdir", "-p", "mutants/src"]:
         return "mutation"
     if argv[0] in ("snakemake", "mlflow"):
@@ -283,6 +285,16 @@ def test_benchmark_commands_name_real_benchmarks_and_options(command):
             assert a in usage, a
         elif i == 0 or not argv[i - 1].startswith("--") or argv[i - 1] == "--quick":  # not an option's value
             assert (REPO / "benchmarks" / f"{a}.py").is_file(), f"no benchmark {a!r}"
+
+
+@_of("probes")
+def test_probe_commands_name_real_probes_and_options(command):
+    argv = _argv(command)
+    module = argv[2]
+    assert (REPO / (module.replace(".", "/") + ".py")).is_file(), f"no probe {module!r}"
+    usage = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout
+    assert all(a in usage for a in argv[3:] if a.startswith("--")), command
 
 
 def test_python_blocks_compile_and_the_factor_analysis_one_runs():

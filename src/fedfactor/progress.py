@@ -5,7 +5,8 @@ The workflow writes a plan when it starts (`write_plan`, from the Snakefile's on
 is to build, the time and the command. Each training run, once its summary.json is written, calls
 `job_finished` (its `fedfactor train-runs` job does), which prints the run's line and rewrites the
 study's live.md from the summaries that exist. When Snakemake stops early (Ctrl-C, a failed job),
-`stopped_message` counts the finished and checkpointed runs and names the command that resumes them.
+`stopped_message` counts the finished and checkpointed runs and names the command that resumes them
+(or the dataset that could not be prepared); a finished workflow ends with `finished_message`'s block.
 
 Cheap by design: it runs once per training run, so it reads JSON files and file names only; the live
 table imports pandas (the project's table code), never torch. The live figure (`live_figure`,
