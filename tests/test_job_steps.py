@@ -1,0 +1,102 @@
+"""The training job's steps, each alone and fast (tests/test_job.py runs them together as jobs): when a
+checkpoint falls due, what a round leaves behind, and the warnings a degenerate run ends with."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import fedfactor.job as job
+from fedfactor.config import load_config
+from fedfactor.simulator import RoundRecord, Scores
+
+from .conftest import TINY
+
+
+def _checkpoints(monkeypatch, tmp_path, *sets):
+    clock = {"now": 0.0}
+    monkeypatch.setattr(job, "_clock", lambda: clock["now"])
+    cfg = load_config(None, [*TINY, *sets])
+    return job._Checkpoints(cfg, tmp_path, None, {}, [], None, "run"), clock
+
+
+def test_a_checkpoint_falls_due_every_few_rounds(monkeypatch, tmp_path):
+    ck, _ = _checkpoints(monkeypatch, tmp_path, "checkpoint.every=2", "checkpoint.minutes=0")
+    assert [r for r in range(1, 7) if ck.due(r)] == [2, 4, 6]
+    ck, _ = _checkpoints(monkeypatch, tmp_path, "checkpoint.every=0", "checkpoint.minutes=0")
+    assert not any(ck.due(r) for r in range(1, 7))  # only on a stop signal
+
+
+def test_a_checkpoint_falls_due_after_its_minutes_whatever_the_round(monkeypatch, tmp_path):
+    ck, clock = _checkpoints(monkeypatch, tmp_path, "checkpoint.every=0", "checkpoint.minutes=30")
+    clock["now"] = 30 * 60 - 1
+    assert not ck.due(3)
+    clock["now"] = 30 * 60
+    assert ck.due(3)
+
+
+def test_a_checkpoint_is_put_off_while_writing_the_last_took_more_than_its_share(monkeypatch, tmp_path):
+    ck, clock = _checkpoints(monkeypatch, tmp_path, "checkpoint.every=1", "checkpoint.minutes=0",
+                             "checkpoint.max_share=0.05")
+    ck.took = 100.0  # the last write took 100 s: the next waits until that is 5 % of the time since
+    clock["now"] = 1999.0
+    assert not ck.due(1)
+    clock["now"] = 2000.0
+    assert ck.due(1)
+    ck.took = 1.0  # a write of a second or less never holds a checkpoint back
+    clock["now"] = 2001.0
+    assert ck.due(2)
+
+
+class _Recorder:
+    def __init__(self, due=()):
+        self.logged, self.saved, self.due_rounds = [], [], set(due)
+
+    def log_metrics(self, metrics, step):
+        self.logged.append((step, metrics))
+
+    def due(self, rnd):
+        return rnd in self.due_rounds
+
+    def save(self):
+        self.saved.append(True)
+
+
+def _record(rnd, skipped=()):
+    scores = Scores(np.array([3, 4]), np.array([4, 4]), 2.0)
+    return RoundRecord(rnd, 0.5, 10 * rnd, 20 * rnd, 10, 20, 1.0, scores, None, {"matched": 2.0},
+                       {"similarity": np.eye(2)}, list(skipped), {})
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_round_leaves_its_row_its_arrays_its_metrics_and_a_checkpoint_when_due(tmp_path, keep):
+    cfg = load_config(None, [*TINY, "fl.rounds=3", f"checkpoint.keep={str(keep).lower()}"])
+    tracker, checkpoints = _Recorder(), _Recorder(due={2})
+    outputs = job._RoundOutputs(cfg, tmp_path, [], tracker, checkpoints, "run")
+    for rnd in (1, 2, 3):
+        outputs(_record(rnd))
+    metrics = pd.read_csv(tmp_path / "metrics.csv")
+    assert list(metrics["round"]) == [1, 2, 3] and list(metrics["bytes_up"]) == [10, 20, 30]
+    assert (metrics["accuracy_mean"] == 0.875).all() and (metrics["matched"] == 2.0).all()
+    assert np.array_equal(np.load(tmp_path / "diagnostics" / "similarity" / "round_0002.npy"), np.eye(2))
+    assert [step for step, _ in tracker.logged] == [1, 2, 3]
+    assert set(tracker.logged[0][1]) == set(metrics.columns) - {"round"}  # every column but the step
+    # due in round 2; the last round's only when the run keeps its checkpoint
+    assert len(checkpoints.saved) == (2 if keep else 1)
+
+
+def _sim(run_warnings=(), skipped=()):
+    method = SimpleNamespace(run_warnings=lambda diagnostics: list(run_warnings))
+    return SimpleNamespace(method=method, records=[_record(1), _record(2, skipped)])
+
+
+def test_a_run_that_learned_ends_without_warnings():
+    assert job._run_warnings(_sim(), accuracy=0.9, chance=0.1) == []
+
+
+def test_the_methods_warnings_come_first_then_dropped_updates_then_chance():
+    lines = job._run_warnings(_sim(["matched nobody"], skipped=[3]), accuracy=0.11, chance=0.1)
+    assert lines[0] == "matched nobody"
+    assert lines[1].startswith("1 client update(s) diverged and were dropped") and "round 2 client 3" in lines[1]
+    assert lines[2] == job.chance_warning(0.11, 0.1) and "at or below chance" in lines[2]
