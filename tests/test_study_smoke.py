@@ -110,8 +110,10 @@ def _smoke_file(path: Path, root: Path) -> tuple[Path, dict]:
     overrides = {**scale["overrides"], "fl": {**scale["overrides"]["fl"], "rounds": 1}}
     for section, values in SCALE[Path(study["run_config"]).name].items():
         overrides[section] = {**overrides.get(section, {}), **values}
+    # one torch thread a job: the fixture runs two studies at once beside another test worker, and the
+    # paper studies' two threads a job would oversubscribe 2 cores (4 studies: 62 s with two, 43 s with one)
     extra = {"results": str(root / "results"), "data_root": str(root / "data"), "select": select,
-             "overrides": overrides}
+             "overrides": overrides, "threads_per_job": 1}
     out = root / f"{path.stem}.yaml"
     out.write_text(json.dumps(extra))
     return out, {**study, **extra, "done": done[:1], "missing": missing}
@@ -199,7 +201,7 @@ def test_fedfac_table2_leaf_rows_run_as_smoke_runs_with_the_paper_numbers_beside
     overrides = {"fl": {"rounds": 1, **SCALE["fedfac.yaml"]["fl"]}, "model": {"pretrained": False}}
     extra.write_text(json.dumps({"results": str(tmp_path / "results"), "data_root": str(tmp_path / "data"),
                                  "select": {"scenarios": ["femnist", "shakespeare"], "methods": methods},
-                                 "overrides": overrides, "runs_per_job": len(methods)}))
+                                 "overrides": overrides, "runs_per_job": len(methods), "threads_per_job": 1}))
     r = _snakemake("--cores", "2", "--configfile", str(path), str(REPO / "config" / "scale" / "smoke.yaml"),
                    str(extra), timeout=1800, env=fedfactor_env)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
