@@ -21,9 +21,10 @@ TINY = [
 
 @pytest.fixture(scope="session")
 def fedfactor_env(tmp_path_factory):
-    """os.environ in which `fedfactor` is served by a fork server that imported torch, MLflow and the
-    package once (tests/forkserver.py): for tests that run many short workflow jobs, whose processes
-    would otherwise spend most of their time starting up. The commands and Snakemake stay real."""
+    """os.environ in which `fedfactor` and `snakemake` are served by a fork server that imported torch,
+    MLflow, Snakemake and the package once (tests/forkserver.py): for tests that run many short
+    workflow jobs, whose processes would otherwise spend most of their time starting up. The commands
+    and Snakemake's rules stay real."""
     from .forkserver import env, start
 
     folder = tmp_path_factory.mktemp("fedfactor-command")
