@@ -304,24 +304,35 @@ class FactorizedFL(Method):
         self._mu_counts.setdefault(self.ctx.round, []).append((nonzero, total))
 
 
-variant(FactorizedFL, "factorized_fl_beta", "Factorized-FL beta (000): shares U, V and sparse M, personalised by similarity "
-        "of v^{L-1}", share="uvm", share_bn=True)
+variant(FactorizedFL, "factorized_fl_beta",
+        "Factorized-FL beta (000): shares U, V and sparse M, personalised by similarity of v^{L-1}",
+        share="uvm", share_bn=True)
 # The paper's text as written, where it differs from the official code (README's table).
 TEXT = dict(layout="paper", mu_init="zero", bias_init="layer", l1_mode="paper", mu_send="pruned", share_bn=False,
             share_bias=False, weighting="paper", minimum_aggr=1, match_layer="before_head", reset_head=False,
             keep_optimizer=False)
-variant(FactorizedFL, "factorized_fl_alpha_text", "Factorized-FL alpha as the paper's text describes it (ablation of the as-run "
-         "default): L1 with a gradient, mu from zero, U alone shared, threshold matching on v^{L-1}", **TEXT)
-variant(FactorizedFL, "factorized_fl_beta_text", "Factorized-FL beta as the paper's text describes it (ablation of the as-run "
-         "default)", **{**TEXT, "share": "uvm", "share_bn": True})
-variant(FactorizedFL, "factorized_fedavg", "Factorized-FedAvg (000 Fig. 7 g): beta without matching, sample-weighted mean",
+variant(FactorizedFL, "factorized_fl_alpha_text",
+        "Factorized-FL alpha as the paper's text describes it (ablation of the as-run default): L1 with a "
+        "gradient, mu from zero, U alone shared, threshold matching on v^{L-1}",
+        **TEXT)
+variant(FactorizedFL, "factorized_fl_beta_text",
+        "Factorized-FL beta as the paper's text describes it (ablation of the as-run default)",
+        **{**TEXT, "share": "uvm", "share_bn": True})
+variant(FactorizedFL, "factorized_fedavg",
+        "Factorized-FedAvg (000 Fig. 7 g): beta without matching, sample-weighted mean",
         share="uvm", share_bn=True, matching="fedavg")
-variant(FactorizedFL, "factorized_fedavg_no_mu", "Factorized-FedAvg without mu (000 Fig. 7 g)", share="uvm", share_bn=True,
-        matching="fedavg", use_mu=False)
-variant(FactorizedFL, "factorized_fl_random", "Factorized-FL alpha mixing 3 random clients (000 Fig. 7 g)", matching="random")
-variant(FactorizedFL, "factorized_fl_worst", "Factorized-FL alpha mixing the 3 least similar clients (000 Fig. 7 g)",
+variant(FactorizedFL, "factorized_fedavg_no_mu",
+        "Factorized-FedAvg without mu (000 Fig. 7 g)",
+        share="uvm", share_bn=True, matching="fedavg", use_mu=False)
+variant(FactorizedFL, "factorized_fl_random",
+        "Factorized-FL alpha mixing 3 random clients (000 Fig. 7 g)",
+        matching="random")
+variant(FactorizedFL, "factorized_fl_worst",
+        "Factorized-FL alpha mixing the 3 least similar clients (000 Fig. 7 g)",
         matching="worst")
-variant(FactorizedFL, "factorized_fl_axes", "Factorized-FL alpha with SimFed's axes u in R^{I*F}, v in R^{O*F} (000 Fig. 7 k)",
+variant(FactorizedFL, "factorized_fl_axes",
+        "Factorized-FL alpha with SimFed's axes u in R^{I*F}, v in R^{O*F} (000 Fig. 7 k)",
         layout="simfed")
-variant(FactorizedFL, "factorized_local", "The factorized model trained locally, nothing shared (000 Fig. 7 j)", share="none",
-         reset_head=False)
+variant(FactorizedFL, "factorized_local",
+        "The factorized model trained locally, nothing shared (000 Fig. 7 j)",
+        share="none", reset_head=False)

@@ -127,13 +127,19 @@ def _distance(a: State, b: State, keys: list[str]) -> torch.Tensor:
     return torch.stack([(a[k].double() - b[k].double()).square().sum() for k in keys]).sum().sqrt()
 
 
-variant(FedDecomp, "feddecomp_text", "FedDecomp with tau as the paper's text writes it (eqs. 3-4: its shapes, no 1/r scale; "
-         "ablation of the as-run default)", style="paper")
-variant(FedDecomp, "feddecomp_simultaneous", "FedDecomp training sigma and tau together for E epochs (004 Table 3)",
-         training="simultaneous")
-variant(FedDecomp, "feddecomp_reverse", "FedDecomp_Reverse: shares the low-rank tau, keeps the full-rank sigma (004 Table 5)",
-         share="tau")
-variant(FedDecomp, "feddecomp_lowrank_fedavg", "FedAvg w/ Low-Rank: sigma + tau trained together, all shared (004 Table 4)",
-         training="simultaneous", share="all")
-variant(FedDecomp, "feddecomp_lowrank_local", "Local w/ Low-Rank: sigma + tau trained together, nothing shared (004 Table 4)",
-         training="simultaneous", share="none")
+variant(FedDecomp, "feddecomp_text",
+        "FedDecomp with tau as the paper's text writes it (eqs. 3-4: its shapes, no 1/r scale; ablation of the "
+        "as-run default)",
+        style="paper")
+variant(FedDecomp, "feddecomp_simultaneous",
+        "FedDecomp training sigma and tau together for E epochs (004 Table 3)",
+        training="simultaneous")
+variant(FedDecomp, "feddecomp_reverse",
+        "FedDecomp_Reverse: shares the low-rank tau, keeps the full-rank sigma (004 Table 5)",
+        share="tau")
+variant(FedDecomp, "feddecomp_lowrank_fedavg",
+        "FedAvg w/ Low-Rank: sigma + tau trained together, all shared (004 Table 4)",
+        training="simultaneous", share="all")
+variant(FedDecomp, "feddecomp_lowrank_local",
+        "Local w/ Low-Rank: sigma + tau trained together, nothing shared (004 Table 4)",
+        training="simultaneous", share="none")

@@ -286,16 +286,22 @@ class FedFac(Method):
         return out
 
 
-
-
-variant(FedFac, "fedfac_text", "FedFac as the paper's text describes it (ablation of the as-run default): iterated "
-         "principal factors, units shared at communality >= the mean, a unit's bias and BN go with it",
-         tau="mean", fa_method="principal", factors="paper", unit_params="follow")
-variant(FedFac, "fedfac_static", "FedFac static (001 Algorithm 1): one factor analysis after a warm-up round, split fixed",
-         mode="static")
-variant(FedFac, "fedfac_random", "FedFac, tau = mean, with a random split of as many shared units as the factor analysis "
-         "picks (001 Table 8 panel B)", split="random", tau="mean")
-variant(FedFac, "fedfac_mask_shared", "FedFac, tau = 50%, shared units of the split layers replaced by N(0,1) values "
-         "(001 Table 8 panel A, mask-shared)", tau="50%", mask="shared")
-variant(FedFac, "fedfac_mask_personal", "FedFac, tau = 50%, personal units of the split layers replaced by N(0,1) values "
-         "(001 Table 8 panel A, mask-personalized)", tau="50%", mask="personal")
+variant(FedFac, "fedfac_text",
+        "FedFac as the paper's text describes it (ablation of the as-run default): iterated principal factors, "
+        "units shared at communality >= the mean, a unit's bias and BN go with it",
+        tau="mean", fa_method="principal", factors="paper", unit_params="follow")
+variant(FedFac, "fedfac_static",
+        "FedFac static (001 Algorithm 1): one factor analysis after a warm-up round, split fixed",
+        mode="static")
+variant(FedFac, "fedfac_random",
+        "FedFac, tau = mean, with a random split of as many shared units as the factor analysis picks (001 "
+        "Table 8 panel B)",
+        split="random", tau="mean")
+variant(FedFac, "fedfac_mask_shared",
+        "FedFac, tau = 50%, shared units of the split layers replaced by N(0,1) values (001 Table 8 panel A, "
+        "mask-shared)",
+        tau="50%", mask="shared")
+variant(FedFac, "fedfac_mask_personal",
+        "FedFac, tau = 50%, personal units of the split layers replaced by N(0,1) values (001 Table 8 panel A, "
+        "mask-personalized)",
+        tau="50%", mask="personal")

@@ -128,5 +128,6 @@ class PerFedAvg(Method):
         return {**state, **adapted, **buffers}
 
 
-variant(PerFedAvg, "per_fedavg_hf", "Per-FedAvg (HF) (Fallah et al., NeurIPS 2020): meta-steps with the "
-        "Hessian-vector product term", variant="hf")
+variant(PerFedAvg, "per_fedavg_hf",
+        "Per-FedAvg (HF) (Fallah et al., NeurIPS 2020): meta-steps with the Hessian-vector product term",
+        variant="hf")

@@ -66,12 +66,19 @@ class SimFed(FactorizedFL):
         return (z.mean(0) if self.hp.criteria_pool == "mean" else z).reshape(-1)
 
 
-variant(SimFed, "simfed_text", "SimFed as its text describes it (ablation of the default): L1 with a gradient, "
-        "mu from zero, M sent pruned, optimizer restarted every round", l1_mode="paper", mu_init="zero",
-        bias_init="layer", mu_send="pruned", keep_optimizer=False)
-variant(SimFed, "simfed_random", "SimFed reflecting 2 random clients (003 Table 3)", matching="random")
-variant(SimFed, "simfed_worst", "SimFed reflecting the 2 least similar clients (003 Table 3)", matching="worst")
-variant(SimFed, "simfed_no_mask", "SimFed without the sparse masks phi (003 Table 4)", use_mu=False)
+variant(SimFed, "simfed_text",
+        "SimFed as its text describes it (ablation of the default): L1 with a gradient, mu from zero, M sent "
+        "pruned, optimizer restarted every round",
+        l1_mode="paper", mu_init="zero", bias_init="layer", mu_send="pruned", keep_optimizer=False)
+variant(SimFed, "simfed_random",
+        "SimFed reflecting 2 random clients (003 Table 3)",
+        matching="random")
+variant(SimFed, "simfed_worst",
+        "SimFed reflecting the 2 least similar clients (003 Table 3)",
+        matching="worst")
+variant(SimFed, "simfed_no_mask",
+        "SimFed without the sparse masks phi (003 Table 4)",
+        use_mu=False)
 
 
 @METHODS.register("simfed_no_factorization", "SimFed's similarity matching and reflection on the unfactorized "
