@@ -319,16 +319,14 @@ def cmd_paper_tables(args) -> None:
 
 
 def cmd_claims(args) -> None:
-    from .report.claims import VERDICTS, evaluate_claims
+    from .report.claims import evaluate_claims, verdict_counts
     from .report.spec import load_study
 
     study = load_study(args.study)
     if not study.claims:
         print(f"study {study.study} lists no claims: nothing to evaluate, nothing written")
         return
-    verdicts = evaluate_claims(study, args.runs, Path(args.out))
-    counts = verdicts["verdict"].value_counts()
-    print(f"{len(verdicts)} claims: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS) + f" -> {args.out}")
+    print(f"{verdict_counts(evaluate_claims(study, args.runs, Path(args.out)))} -> {args.out}")
 
 
 def cmd_figures(args) -> None:

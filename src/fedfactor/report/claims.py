@@ -376,6 +376,13 @@ def _html(title: str, intro: list[str], frame: pd.DataFrame, smoke: bool) -> str
     return html_page(title, body, smoke)
 
 
+def verdict_counts(frame: pd.DataFrame) -> str:
+    """`N claims: a reproduced, b not reproduced, ...` of evaluate_claims' frame (the report's line and
+    the command's)."""
+    counts = frame["verdict"].value_counts()
+    return f"{len(frame)} claims: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
+
+
 def evaluate_claims(study: StudySpec, summaries: Sequence[str | Path], out_dir: str | Path) -> pd.DataFrame:
     """Give every claim of `study` a verdict on the runs in `summaries` (summary.json files or folders;
     an empty list: no runs yet); write claims.md, claims.csv and claims.html into `out_dir`."""
@@ -389,7 +396,6 @@ def evaluate_claims(study: StudySpec, summaries: Sequence[str | Path], out_dir: 
             rows.append(evaluate_one(study, runs, text, smoke, "text"))
     frame = pd.DataFrame(rows, columns=COLUMNS)
     title = f"{SMOKE_TITLE if smoke else ''}Claims: {study.title}"
-    counts = frame["verdict"].value_counts()
     intro = [f"Study {study.study}; seeds {', '.join(map(str, study.seeds))}; our protocol: "
              f"{protocol_words(runs.protocol)}.",
              "Each comparison a claim makes (accuracy in %, differences in percentage points (pp); bytes in GB) is "
@@ -405,7 +411,7 @@ def evaluate_claims(study: StudySpec, summaries: Sequence[str | Path], out_dir: 
              *(["A claim about a seed method is checked twice: 'as run' (the authors' code's behaviour, the "
                 "default) and 'text' (the paper's text as written: " + ", ".join(
                     f"{t} for {a}" for a, t in study.text_variants.items()) + ")."] if study.text_variants else []),
-             f"{len(frame)} claims: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS) + "."]
+             verdict_counts(frame) + "."]
     out = Path(out_dir)
     atomic_write_text(out / "claims.csv", frame.to_csv(index=False))
     atomic_write_text(out / "claims.md", _markdown(title, intro, frame))
