@@ -103,17 +103,22 @@ def test_lint_is_clean(tmp_path):
     assert r.returncode == 0 and "Congratulations" in r.stdout + r.stderr, r.stdout + r.stderr
 
 
+def _study_file(tmp_path, run_config: str, **study) -> Path:
+    """A study file in `tmp_path` on a run config of its own, its results under tmp_path/results."""
+    run = tmp_path / "run.yaml"
+    run.write_text(run_config)
+    path = tmp_path / "study.yaml"
+    path.write_text(json.dumps({"run_config": str(run), "results": str(tmp_path / "results"), **study}))
+    return path
+
+
 @pytest.mark.slow
 def test_tiny_study_runs_end_to_end_and_a_rerun_does_nothing(tmp_path, fedfactor_env):
-    run = tmp_path / "run.yaml"
-    run.write_text("data: {name: digits}\nmodel: {name: mlp}\nfl: {clients: 4, rounds: 2, epochs: 1, batch_size: 32}\n")
-    study = tmp_path / "study.yaml"
-    study.write_text(json.dumps({
-        "study": "tiny", "run_config": str(run), "results": str(tmp_path / "results"), "seeds": [0, 1],
-        "scenarios": {"perm": {"partition": {"kind": "iid", "permute_labels": True}}},
-        "methods": {"local": {"name": "local"}, "fedavg": {"name": "fedavg"}, "fedper": {"name": "fedper"}},
-        "runs_per_job": 2,  # jobs of local + fedavg, and of fedper alone
-    }))
+    study = _study_file(
+        tmp_path, "data: {name: digits}\nmodel: {name: mlp}\nfl: {clients: 4, rounds: 2, epochs: 1, batch_size: 32}\n",
+        study="tiny", seeds=[0, 1], scenarios={"perm": {"partition": {"kind": "iid", "permute_labels": True}}},
+        methods={"local": {"name": "local"}, "fedavg": {"name": "fedavg"}, "fedper": {"name": "fedper"}},
+        runs_per_job=2)  # jobs of local + fedavg, and of fedper alone
     r = _snakemake("--cores", "2", "--configfile", str(study), cwd=tmp_path, env=fedfactor_env)
     assert r.returncode == 0, r.stderr + r.stdout
     out = tmp_path / "results" / "tiny"
@@ -232,13 +237,9 @@ def test_a_scenarios_method_settings_name_a_listed_method_and_only_its_hyperpara
 
 @pytest.mark.slow
 def test_a_download_that_fails_stops_the_study_with_the_file_to_place_not_resume(tmp_path, fedfactor_env):
-    run = tmp_path / "run.yaml"
-    run.write_text("data: {name: cifar10}\nmodel: {name: cnn}\nfl: {clients: 2, rounds: 1, epochs: 1}\n")
-    study = tmp_path / "study.yaml"
-    study.write_text(json.dumps({
-        "study": "offline", "run_config": str(run), "results": str(tmp_path / "results"),
-        "data_root": str(tmp_path / "data"), "seeds": [0], "scenarios": {"iid": {"partition": {"kind": "iid"}}},
-        "methods": {"fedavg": {"name": "fedavg"}}}))
+    study = _study_file(tmp_path, "data: {name: cifar10}\nmodel: {name: cnn}\nfl: {clients: 2, rounds: 1, epochs: 1}\n",
+                        study="offline", data_root=str(tmp_path / "data"), seeds=[0],
+                        scenarios={"iid": {"partition": {"kind": "iid"}}}, methods={"fedavg": {"name": "fedavg"}})
     refused = "http://127.0.0.1:9"  # the discard port: every download is refused at once
     env = {**fedfactor_env, **{k: refused for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")}}
     r = _snakemake("--cores", "1", "--configfile", str(study), cwd=tmp_path, env=env)
