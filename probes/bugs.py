@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import shlex
 import shutil
 import subprocess
@@ -129,18 +130,12 @@ def run(bug: Bug, tests: list[str], jobs: int) -> tuple[bool, float, str]:
         start = time.perf_counter()
         r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", str(jobs),
                             *tests], cwd=REPO, capture_output=True, text=True,
-                           env={**_env(), "PYTHONPATH": str(src)})
+                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(src)})
         seconds = time.perf_counter() - start
     failed = next((line.split()[1] for line in r.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))), "")
     if r.returncode not in (0, 1):  # 2+: collection errors, interrupted: the bug broke import, which is caught
         failed = failed or f"pytest exit {r.returncode}"
     return r.returncode != 0, seconds, failed
-
-
-def _env() -> dict[str, str]:
-    import os
-
-    return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def main(argv: list[str] | None = None) -> int:
