@@ -17,8 +17,8 @@ import torch
 from fedfactor.config import load_config
 from fedfactor.data.partition import Partition, labels_sha1
 from fedfactor.errors import UsageError
-from fedfactor.simulator import RoundRecord, Scores, Simulator, round_loss, summarize
-from fedfactor.fl.train import TrainLoss
+from fedfactor.records import RoundRecord
+from fedfactor.simulator import Simulator
 from fedfactor.methods import METHODS
 from fedfactor.models.layers import layer_entries
 
@@ -146,36 +146,6 @@ def test_trained_keeps_unsampled_clients_last_model(tmp_path):
             assert not torch.equal(scored["head.weight"], received["head.weight"])
         else:  # never trained: still the initial model
             assert all(torch.equal(scored[key], init[k][key]) for key in init[k])
-
-
-def _record(rnd, test_mean, val_mean=None, weighted=None):
-    def scores(mean, w):
-        # two clients of 10 and 30 samples: mean = (a + b) / 2 and weighted = (a + 3 b) / 4
-        b = 2 * w - mean
-        return Scores(np.array([10 * (2 * mean - b), 30 * b]), np.array([10, 30]), 0.0)
-
-    val = scores(val_mean, val_mean) if val_mean is not None else None
-    return RoundRecord(rnd, 0.0, 0, 0, 0, 0, 0.0, scores(test_mean, test_mean if weighted is None else weighted), val)
-
-
-def test_summary_names_last_best_and_best_on_validation():
-    records = [_record(1, 0.5, 0.8, 0.5), _record(2, 0.7, 0.6, 0.55), _record(3, 0.6, 0.9, 0.65)]
-    s = summarize(records, "best_val")
-    assert s["accuracy_mean"] == pytest.approx(0.6)  # last round
-    assert (s["accuracy_best_mean"], s["best_round"]) == (pytest.approx(0.7), 2)
-    assert (s["accuracy_best_weighted"], s["best_weighted_round"]) == (pytest.approx(0.65), 3)
-    assert (s["accuracy_at_best_val"], s["best_val_round"]) == (pytest.approx(0.6), 3)
-    assert (s["accuracy"], s["accuracy_round"]) == (pytest.approx(0.6), 3)
-    assert summarize(records, "best")["accuracy"] == pytest.approx(0.7)
-    assert summarize(records, "best_weighted")["accuracy"] == pytest.approx(0.65)
-    assert summarize(records, "last")["accuracy_round"] == 3
-    no_val = [_record(1, 0.5), _record(2, 0.4)]
-    assert summarize(no_val, "last")["accuracy_at_best_val"] is None
-
-
-def test_best_val_without_validation_data_is_refused(tmp_path, tiny):
-    with pytest.raises(UsageError, match="val"):
-        Simulator(load_config(None, tiny + ["data.split=[0.9, 0.0, 0.1]", "eval.report=best_val"]))
 
 
 @pytest.mark.slow
@@ -319,21 +289,6 @@ def test_a_round_lets_go_of_each_upload_once_it_is_summed(tiny, stream_and_trim)
                      else [0, per_client, 2 * per_client, 3 * per_client])
 
 
-def test_a_rounds_loss_is_the_cross_entropy_with_each_extra_loss_in_a_column_of_its_own():
-    # clients: cross-entropy 2 with an L1 term of 1, cross-entropy 4 without the term (a plan without
-    # it counts 0), one without a step (NaN: left out), 3 from a method's own loop (a plain float)
-    loss = round_loss([TrainLoss(2.0, {"l1": 1.0}), TrainLoss(4.0), float("nan"), 3.0])
-    assert float(loss) == 3.0 and loss.terms == pytest.approx({"l1": 1 / 3})
-    assert np.isnan(round_loss([float("nan")])) and round_loss([]).terms == {}
-    rec = RoundRecord(1, float(loss), 10, 10, 10, 10, 1.0, loss_terms=loss.terms)
-    row = rec.metrics()
-    assert list(row)[:3] == ["round", "train_loss", "train_l1"] and row["train_l1"] == pytest.approx(1 / 3)
-    assert RoundRecord.from_dict(rec.to_dict()) == rec
-    # a checkpoint written before the terms were reported apart loads, without them
-    old = {k: v for k, v in rec.to_dict().items() if k != "loss_terms"}
-    assert RoundRecord.from_dict(old) == RoundRecord(1, 3.0, 10, 10, 10, 10, 1.0)
-
-
 @pytest.mark.slow
 def test_a_run_records_its_extra_losses_and_checkpoints_them_weights_only(tiny):
     sim = Simulator(load_config(None, tiny + ["method.name=fedprox", "method.mu=0.5"]))
@@ -366,46 +321,6 @@ def test_clients_whose_states_cannot_fit_in_memory_are_refused_before_training(m
         Simulator(cfg)
     monkeypatch.setattr(simulator, "memory_bytes", lambda device: copies * model_bytes)
     Simulator(cfg)
-
-
-
-# -- natural clients (FEMNIST's writers, Shakespeare's roles) ---------------------------------------------------
-
-
-@pytest.mark.parametrize("pool", ["client", "shared"])
-def test_natural_clients_hold_their_writers_samples_cut_80_20(pool):
-    cfg = load_config(None, ["data.name=synthetic:femnist", "partition.kind=natural", "fl.clients=6",
-                             "data.split=[0.8, 0.0, 0.2]", "model.name=mlp", "fl.device=cpu",
-                             f"eval.test_pool={pool}", "tracking.enabled=false"])
-    sim = Simulator(cfg)
-    from fedfactor.data import load_dataset
-
-    owners = load_dataset("synthetic:femnist").owners
-    writers = sim.partition.meta["natural_clients"]
-    assert len(writers) == 6 == len(set(writers))
-    for k, writer in enumerate(writers):
-        train = sim.clients[k]["train"].idx.numpy()
-        assert set(owners[train]) == {writer}
-        own_test = sim.partition.clients[k]["test"]
-        assert len(own_test) == max(1, round(0.2 * (owners == writer).sum())) and set(owners[own_test]) == {writer}
-        test = sim.clients[k]["test"].idx.numpy()
-        # the shared pool: every chosen writer's test samples, no one else's
-        assert np.array_equal(test, own_test if pool == "client" else sim.partition.pools["test"])
-    assert set(owners[sim.partition.pools["test"]]) == set(writers)
-
-
-def test_build_partition_passes_owners_only_to_the_natural_kind():
-    from fedfactor.data import load_dataset
-    from fedfactor.simulator import build_partition
-
-    ds = load_dataset("synthetic:femnist")
-    y = ds.y.numpy()
-    cfg = load_config(None, ["data.name=synthetic:femnist", "fl.clients=5"])
-    assert build_partition(cfg, y, ds.n_official_train, 62, ds.owners) == build_partition(cfg, y,
-                                                                                           ds.n_official_train, 62)
-    natural = load_config(None, ["data.name=synthetic:femnist", "fl.clients=5", "partition.kind=natural"])
-    with pytest.raises(UsageError, match="needs data whose samples come from natural clients"):
-        build_partition(natural, y, ds.n_official_train, 62)
 
 
 def test_token_inputs_refuse_image_augmentation():

@@ -3,7 +3,8 @@
 Every method runs through `Simulator.run`; only this loop moves state between clients and the
 server, and it passes every payload through the communication meter. The evaluation protocol
 (`eval` section: which test pool, which model, which number is reported) is applied here, the same
-way for every method, so no method can score itself differently.
+way for every method, so no method can score itself differently. The clients' data comes from
+clients.py; what each round records, from records.py.
 """
 
 from __future__ import annotations
@@ -13,17 +14,17 @@ import random
 import re
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
+from .clients import client_domains, head_is_local, held_out_clients, load_clients, read_partition
 from .config import Config
-from .data import Partition, dataset_info, load_dataset, make_partition, make_splits
+from .data import DatasetInfo, Partition, dataset_info
 from .data.augment import AUGMENT_KINDS
-from .data.partition import SPLITS, task_label_maps
+from .data.partition_labels import task_label_maps
 from .devices import memory_bytes, resolve_device
 from .errors import Interrupted, RunFailed, UsageError
 from .fl.batched import BatchedTrainer, batchable
@@ -34,137 +35,7 @@ from .methods import Context, build
 from .methods.base import Method, refuse_recurrent
 from .models import build_model, resolve_layers
 from .models.layers import layer_entries
-
-
-def build_partition(cfg: Config, y: np.ndarray, n_official_train: int, num_classes: int,
-                    owners: np.ndarray | None = None) -> Partition:
-    """The partition a config describes: seeded split of the pooled data, then per-client shares.
-
-    `owners` is each sample's natural client (Dataset.owners). Under the kind `natural` each natural
-    client's samples are split on their own (data.split per client), as FedFac splits every client's data.
-    """
-    own = owners if cfg.partition.kind == "natural" else None
-    splits = make_splits(len(y), n_official_train, cfg.data.split, cfg.data.split_mode, seed=cfg.seed, owners=own)
-    return make_partition(y, splits, num_classes, cfg.fl.clients, cfg.partition.spec(), seed=cfg.seed, owners=owners)
-
-
-def head_is_local(head: str, label_maps: np.ndarray) -> bool:
-    """A shared head needs every client to map classes to outputs the same way.
-
-    Decided from the partition actually used (its label maps), so a partition file with permuted
-    labels or class groups makes heads local even when the config's own fields do not say so.
-    """
-    if head != "auto":
-        return head == "local"
-    return bool((label_maps != label_maps[0]).any())
-
-
-def client_domains(label_maps: np.ndarray) -> list[int]:
-    """A domain id per client: clients whose tasks cover the same original classes share one."""
-    tasks = [tuple(np.flatnonzero(np.asarray(row) >= 0)) for row in label_maps]
-    ids = {t: i for i, t in enumerate(dict.fromkeys(tasks))}
-    return [ids[t] for t in tasks]
-
-
-@dataclass
-class Scores:
-    """One evaluation of every client on one split."""
-
-    correct: np.ndarray
-    count: np.ndarray
-    loss: float  # summed over all clients' samples
-
-    @property
-    def per_client(self) -> np.ndarray:
-        return np.divide(self.correct, self.count, out=np.zeros(len(self.count)), where=self.count > 0)
-
-    @property
-    def mean(self) -> float:
-        return float(self.per_client.mean())
-
-    @property
-    def std(self) -> float:
-        return float(self.per_client.std())
-
-    @property
-    def weighted(self) -> float:
-        """Weighted by each client's number of scored samples."""
-        return float(self.correct.sum() / max(self.count.sum(), 1))
-
-    @property
-    def mean_loss(self) -> float:
-        return self.loss / max(self.count.sum(), 1)
-
-
-@dataclass
-class RoundRecord:
-    round: int
-    train_loss: float  # the task loss (cross-entropy) alone, mean over the round's clients
-    bytes_up: int  # cumulative
-    bytes_down: int
-    bytes_up_round: int
-    bytes_down_round: int
-    elapsed_seconds: float
-    test: Scores | None = None  # None in rounds that are not evaluated
-    val: Scores | None = None  # None when not evaluated or no client has validation data
-    diagnostics: dict[str, float] = field(default_factory=dict)  # a method's scalars
-    arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # a method's matrices
-    skipped: list[int] = field(default_factory=list)  # clients whose diverged update was dropped
-    # the mean of each extra training loss by its Phase.loss_name (column train_<name>); the
-    # objective the clients trained on is train_loss plus these
-    loss_terms: dict[str, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        """Plain numbers and lists (arrays are on disk already), for a weights_only checkpoint."""
-        scores = lambda s: None if s is None else {  # noqa: E731
-            "correct": s.correct.tolist(), "count": s.count.tolist(), "loss": float(s.loss)}
-        return {"round": self.round, "train_loss": self.train_loss, "bytes_up": self.bytes_up,
-                "bytes_down": self.bytes_down, "bytes_up_round": self.bytes_up_round,
-                "bytes_down_round": self.bytes_down_round, "elapsed_seconds": self.elapsed_seconds,
-                "test": scores(self.test), "val": scores(self.val), "diagnostics": dict(self.diagnostics),
-                "skipped": list(self.skipped), "loss_terms": dict(self.loss_terms)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> RoundRecord:
-        scores = lambda s: None if s is None else Scores(  # noqa: E731
-            np.asarray(s["correct"], dtype=np.int64), np.asarray(s["count"], dtype=np.int64), s["loss"])
-        # a checkpoint written before loss_terms existed has none (its train_loss included them)
-        return cls(**{**d, "test": scores(d["test"]), "val": scores(d["val"])})
-
-    def metrics(self) -> dict[str, float]:
-        """The row of metrics.csv and the metrics MLflow gets at step = round."""
-        row: dict[str, float] = {
-            "round": self.round, "train_loss": self.train_loss,
-            **{f"train_{name}": value for name, value in self.loss_terms.items()}, "bytes_up": self.bytes_up,
-            "bytes_down": self.bytes_down, "bytes_up_round": self.bytes_up_round,
-            "bytes_down_round": self.bytes_down_round, "elapsed_seconds": self.elapsed_seconds,
-            "skipped_clients": len(self.skipped),
-        }
-        for prefix, s in (("", self.test), ("val_", self.val)):
-            if s is not None:
-                row.update({f"{prefix}accuracy_mean": s.mean, f"{prefix}accuracy_std": s.std,
-                            f"{prefix}accuracy_weighted": s.weighted, f"{prefix}loss": s.mean_loss})
-        return {**row, **self.diagnostics}
-
-
-# Metric names a method's diagnostics may not take (they would overwrite the loop's own columns),
-# and the prefix of the columns of extra training losses (train_<Phase.loss_name>).
-RESERVED_PREFIX = "train_"
-RESERVED = set(RoundRecord(0, 0.0, 0, 0, 0, 0, 0.0, Scores(np.ones(1), np.ones(1), 0), Scores(np.ones(1), np.ones(1), 0)).metrics())
-
-
-def round_loss(losses: list[float]) -> TrainLoss:
-    """A round's training loss from its clients' (TrainLoss, or a plain float from a method's own
-    loop): the mean over the clients that took a step of the task loss and of each extra term; a
-    client without one of the terms (pFedSD's first round, without a teacher) counts 0 for it, so
-    the round's columns still add up to the mean objective. NaN when no client took a step."""
-    took = [loss for loss in losses if not np.isnan(loss)]
-    if not took:
-        return TrainLoss(float("nan"))
-    terms = [getattr(loss, "terms", {}) for loss in took]
-    names = dict.fromkeys(name for t in terms for name in t)
-    return TrainLoss(float(np.mean(took)),
-                     {name: float(np.mean([t.get(name, 0.0) for t in terms])) for name in names})
+from .records import RESERVED, RESERVED_PREFIX, RoundRecord, Scores, round_loss
 
 
 class Simulator:
@@ -198,76 +69,25 @@ class Simulator:
         self.partition: Partition | None = None
         self.clients: list[dict[str, Split]] = []
         self.x = torch.empty(0, device=self.device)
-        if dry_run:
-            if cfg.partition.file:
-                self.partition = self._read_partition()
-                label_maps, num_classes = self.partition.label_maps, self.partition.num_classes
-            else:
-                label_maps, num_classes = task_label_maps(cfg.partition.spec(), info.num_classes, K)
-            train_sizes = [1] * K
-        else:
-            self._load_clients(info.num_classes)
-            label_maps, num_classes = self.partition.label_maps, self.partition.num_classes
-            train_sizes = [len(c["train"]) for c in self.clients]
+        label_maps, num_classes, train_sizes = self._set_up_clients(info.num_classes)
         self.head_local = head_is_local(cfg.fl.head, label_maps)
 
         torch.manual_seed(cfg.seed)
-        with self.device:
-            # A dry run (`fedfactor cost`) needs shapes only: no weights file, no download.
-            model = build_model(cfg.model.name, info.channels, info.height, info.width, num_classes,
-                                pretrained=cfg.model.pretrained and not dry_run)
-            refuse_recurrent(self.method, model)
-            self.model = self.method.prepare_model(model)
-        init = clone(self.model.state_dict())
+        init = self._build_model(info, num_classes)
         fl = cfg.fl
         optim = Optim(fl.optimizer, fl.lr, fl.momentum, fl.weight_decay)
-        self.trainer = Trainer(self.model, self.x, fl.batch_size, self.augment, optim, fl.max_loss, fl.precision,
-                               fl.channels_last)
-        self.trainer.check_interrupt = self._check_interrupt
-        # Methods with their own training loop (local_train overridden) train one client at a time.
-        own_loop = type(self.method).local_train is not Method.local_train
-        self.batched = (BatchedTrainer(self.trainer)
-                        if not dry_run and not own_loop and batchable(self.model, self.device, fl.batch_clients)
-                        else None)
-        head = getattr(self.model, "head_name", "head") + "."
-        params = [k for k, _ in self.model.named_parameters()]
-        buffers = [k for k, b in self.model.named_buffers() if b.is_floating_point()]
-        self.ctx = Context(
-            model=self.model,
-            num_clients=K,
-            train_sizes=train_sizes,
-            param_keys=params,
-            buffer_keys=buffers,
-            head_keys=[k for k in [*params, *buffers] if k.startswith(head)],
-            head_local=self.head_local,
-            epochs=fl.epochs,
-            optim=optim,
-            max_loss=fl.max_loss,
-            skip_single=self.trainer.skip_single,
-            fit=self._fit,
-            evaluate=lambda k, state, split: self.trainer.evaluate(state, self.clients[k][split]),
-            split=lambda k, name: self.clients[k][name],
-            batches=self._batches,
-            log=self._log,
-            input_shape=(info.channels, info.height, info.width),
-            seed=cfg.seed,
-            domains=client_domains(label_maps),
-        )
+        self._build_trainers(optim)
+        self.ctx = self._context(info, train_sizes, label_maps, optim)
         self.method.bind(self.ctx)
         # after bind: a method may size a layer only once it knows the input (pFedGate's gate)
         self.params_total = sum(p.numel() for p in self.model.parameters())
         self.init = init
-        # Clients held out of training (eval.new_clients): never sampled, scored only as new clients.
-        held = int(round(cfg.eval.new_clients * K))
-        if held >= K:
-            raise UsageError(f"eval.new_clients={cfg.eval.new_clients} holds out all {K} clients; lower it")
-        rng = np.random.default_rng(derive_seed(cfg.seed, 2**31 + 2))
-        self.newcomers = sorted(rng.choice(K, size=held, replace=False).tolist()) if held else []
+        self.newcomers = held_out_clients(cfg)
         self.members = [k for k in range(K) if k not in set(self.newcomers)]
         # A trained client keeps only what is its own when nothing reads the rest again: scored with
         # the received model, every entry the method's receive overwrites whole (replaced_on_receive)
         # is replaced before the client's state is trained or scored again. The clients whose final
-        # weights the diagnostics keep (job.save_client_weights) keep the entries of those layers. A
+        # weights the diagnostics keep (diagnostics.weights.save_client_weights) keep the entries of those layers. A
         # dry run trims too, so that `fedfactor plan` counts what a real run holds.
         self._trim = cfg.eval.model == "received"
         if not dry_run:
@@ -295,6 +115,69 @@ class Simulator:
         self._scalars: dict[str, float] = {}
         self._arrays: dict[str, np.ndarray] = {}
 
+    # -- set-up --------------------------------------------------------------------------------
+    def _set_up_clients(self, num_classes: int) -> tuple[np.ndarray, int, list[int]]:
+        """The partition and every client's splits; a dry run reads only the partition file, if any,
+        and holds no data. Returns (label maps, number of outputs, train sizes)."""
+        cfg, K = self.cfg, self.cfg.fl.clients
+        if self.dry_run:
+            if cfg.partition.file:
+                self.partition = read_partition(cfg)
+                label_maps, num_classes = self.partition.label_maps, self.partition.num_classes
+            else:
+                label_maps, num_classes = task_label_maps(cfg.partition.spec(), num_classes, K)
+            return label_maps, num_classes, [1] * K
+        self.partition, self.x, self.clients = load_clients(cfg, num_classes, self.device)
+        return self.partition.label_maps, self.partition.num_classes, [len(c["train"]) for c in self.clients]
+
+    def _build_model(self, info: DatasetInfo, num_classes: int) -> State:
+        """The one model all clients share, as the method prepares it; returns its initial weights."""
+        with self.device:
+            # A dry run (`fedfactor cost`) needs shapes only: no weights file, no download.
+            model = build_model(self.cfg.model.name, info.channels, info.height, info.width, num_classes,
+                                pretrained=self.cfg.model.pretrained and not self.dry_run)
+            refuse_recurrent(self.method, model)
+            self.model = self.method.prepare_model(model)
+        return clone(self.model.state_dict())
+
+    def _build_trainers(self, optim: Optim) -> None:
+        fl = self.cfg.fl
+        self.trainer = Trainer(self.model, self.x, fl.batch_size, self.augment, optim, fl.max_loss, fl.precision,
+                               fl.channels_last)
+        self.trainer.check_interrupt = self._check_interrupt
+        # Methods with their own training loop (local_train overridden) train one client at a time.
+        own_loop = type(self.method).local_train is not Method.local_train
+        self.batched = (BatchedTrainer(self.trainer)
+                        if not self.dry_run and not own_loop and batchable(self.model, self.device, fl.batch_clients)
+                        else None)
+
+    def _context(self, info: DatasetInfo, train_sizes: list[int], label_maps: np.ndarray, optim: Optim) -> Context:
+        """What the method is told about the run, and the client-side services it calls."""
+        head = getattr(self.model, "head_name", "head") + "."
+        params = [k for k, _ in self.model.named_parameters()]
+        buffers = [k for k, b in self.model.named_buffers() if b.is_floating_point()]
+        return Context(
+            model=self.model,
+            num_clients=self.cfg.fl.clients,
+            train_sizes=train_sizes,
+            param_keys=params,
+            buffer_keys=buffers,
+            head_keys=[k for k in [*params, *buffers] if k.startswith(head)],
+            head_local=self.head_local,
+            epochs=self.cfg.fl.epochs,
+            optim=optim,
+            max_loss=self.cfg.fl.max_loss,
+            skip_single=self.trainer.skip_single,
+            fit=self._fit,
+            evaluate=lambda k, state, split: self.trainer.evaluate(state, self.clients[k][split]),
+            split=lambda k, name: self.clients[k][name],
+            batches=self._batches,
+            log=self._log,
+            input_shape=(info.channels, info.height, info.width),
+            seed=self.cfg.seed,
+            domains=client_domains(label_maps),
+        )
+
     def dropped_when_trained(self) -> set[str]:
         """The entries a trained client lets go of (`_trim`): what its method's receive overwrites."""
         return self.method.replaced_on_receive() if self._trim else set()
@@ -313,52 +196,6 @@ class Simulator:
                              f"kept per client = {need / 2**30:,.1f} GiB of client states, more than the "
                              f"{have / 2**30:,.1f} GiB of {self.device.type} memory here; use fewer clients or a "
                              "smaller model (`fedfactor plan` gives a study's needs)")
-
-    # -- data ----------------------------------------------------------------------------------
-    def _read_partition(self) -> Partition:
-        part = Partition.load(self.cfg.partition.file)
-        if part.num_clients != self.cfg.fl.clients:
-            raise UsageError(f"partition {self.cfg.partition.file} has {part.num_clients} clients "
-                             f"but fl.clients is {self.cfg.fl.clients}")
-        return part
-
-    def _load_clients(self, num_classes: int) -> None:
-        """The dataset on the device, the partition, and every client's splits under the protocol."""
-        cfg = self.cfg
-        ds = load_dataset(cfg.data.name, cfg.data.root, download=cfg.data.download, device=self.device)
-        y = ds.y.cpu().numpy()
-        if cfg.partition.file:
-            self.partition = self._read_partition()
-            self.partition.check_labels(y, str(cfg.partition.file))
-            self.partition.validate(y, str(cfg.partition.file))
-        else:
-            self.partition = build_partition(cfg, y, ds.n_official_train, num_classes, ds.owners)
-        self.x = ds.x
-        # Beside the protocol's splits, "own_val": the client's own validation cut under every test
-        # pool, what a method weighs or picks models on (FedFomo); under the shared pool "val" is the
-        # pooled split the protocol scores with, one set for all clients of a task.
-        self.clients = [{s: self._split(y, k, s) for s in (*SPLITS, "own_val")} for k in range(cfg.fl.clients)]
-        empty = [k for k, c in enumerate(self.clients) if len(c["test"]) == 0]
-        if empty:
-            # Scoring such a client 0 (or leaving it out) would bias every mean silently.
-            raise UsageError(f"client {empty[0]} ({len(empty)} of {cfg.fl.clients} in all) has no test samples under "
-                             f"eval.test_pool={cfg.eval.test_pool}; give the test split a larger share "
-                             "(data.split, partition.samples_per_client.test) or use fewer clients")
-        if cfg.eval.report == "best_val" and not any(len(c["val"]) for c in self.clients):
-            raise UsageError("eval.report best_val needs validation data, but every client's val split is empty; "
-                             "give data.split (or partition.samples_per_client.val) a val share, or report last/best")
-
-    def _split(self, y: np.ndarray, k: int, name: str) -> Split:
-        """Client k's split: its own cut, or for val/test under the shared pool the pooled split
-        restricted to its task's classes, always in the client's own labels; "own_val" is its own
-        val cut under either pool."""
-        if name in ("val", "test") and self.cfg.eval.test_pool == "shared":
-            idx, targets = self.partition.shared_split(y, k, name)
-        else:
-            cut = "val" if name == "own_val" else name
-            idx, targets = self.partition.clients[k][cut], self.partition.targets(y, k, cut)
-        as_tensor = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.long, device=self.device)  # noqa: E731
-        return Split(as_tensor(idx), as_tensor(targets))
 
     # -- services the method calls through its Context -----------------------------------------
     def _generator(self, k: int) -> torch.Generator:
@@ -653,51 +490,3 @@ class Simulator:
         name, key, *rest = rng["numpy"]
         np.random.set_state((name, key.numpy().astype(np.uint32), *rest))
         random.setstate(rng["python"])
-
-
-# What each accuracy in summary.json means; written into the summary so no reader has to guess.
-ACCURACY_FIELDS = {
-    "accuracy_mean": "mean over clients of each client's accuracy, last round",
-    "accuracy_std": "std over clients, last round",
-    "accuracy_weighted": "accuracy over all scored samples (clients weighted by test size), last round",
-    "per_client_accuracy": "each client's accuracy, last round",
-    "accuracy_best_mean": "the highest accuracy_mean over evaluated rounds (round: best_round)",
-    "accuracy_best_weighted": "the highest accuracy_weighted over evaluated rounds (round: best_weighted_round)",
-    "accuracy_at_best_val": "accuracy_mean at the round with the highest mean validation accuracy "
-                            "(round: best_val_round); null without validation data",
-    "accuracy": "the number eval.report picks (round: accuracy_round); tables show this one",
-    "val_score": "validation accuracy_mean at the round eval.report's rule picks on validation alone (last: the "
-                 "last round; best, best_weighted, best_val: the round best on validation); tuning selects on it",
-}
-
-
-def summarize(records: list[RoundRecord], report: str) -> dict[str, Any]:
-    """Last-round, best-round and best-on-validation accuracies, and the one `report` picks."""
-    scored = [r for r in records if r.test is not None]
-    last = scored[-1]
-    best = max(scored, key=lambda r: r.test.mean)  # the first of equal rounds
-    best_w = max(scored, key=lambda r: r.test.weighted)
-    with_val = [r for r in scored if r.val is not None]
-    best_val = max(with_val, key=lambda r: r.val.mean) if with_val else None
-    out = {
-        "accuracy_mean": last.test.mean,
-        "accuracy_std": last.test.std,
-        "accuracy_weighted": last.test.weighted,
-        "per_client_accuracy": last.test.per_client.tolist(),
-        "accuracy_best_mean": best.test.mean,
-        "best_round": best.round,
-        "accuracy_best_weighted": best_w.test.weighted,
-        "best_weighted_round": best_w.round,
-        "accuracy_at_best_val": best_val.test.mean if best_val else None,
-        "best_val_round": best_val.round if best_val else None,
-        "val_accuracy_best": best_val.val.mean if best_val else None,
-        # what tuning selects on: the reported round's rule applied to validation numbers alone
-        "val_score": (last.val.mean if last.val else None) if report == "last" else
-                     (best_val.val.mean if best_val else None),
-        "skipped_updates": [[r.round, k] for r in records for k in r.skipped],
-    }
-    picked = {"last": ("accuracy_mean", last), "best": ("accuracy_best_mean", best),
-              "best_weighted": ("accuracy_best_weighted", best_w), "best_val": ("accuracy_at_best_val", best_val)}
-    key, rec = picked[report]
-    out["accuracy"], out["accuracy_round"] = out[key], rec.round if rec else None
-    return out
