@@ -33,17 +33,18 @@ import yaml
 from .config import Config, flatten
 from .environment import versions
 from .errors import Interrupted, RunFailed, UsageError
-from .simulator import ACCURACY_FIELDS, RoundRecord, Simulator, summarize
-from .models.layers import effective_weight, layer_entries
+from .records import RoundRecord
+from .simulator import Simulator
+from .summary import ACCURACY_FIELDS, summarize
 from .methods import build
 from .io import (NO_SPACE, atomic_open, atomic_write_json, atomic_write_npy, atomic_write_text, check_output,
                  folder_lock, full_disk_message, remove_stale_temporaries)
 from .tracking import FINAL_KEYS, RUN_FILES, STATE_FILE, Tracker, log_to_run, run_identity
+from .diagnostics.weights import WEIGHTS_FILE, save_client_weights
 
 log = logging.getLogger("fedfactor")
 
 CHECKPOINT = "checkpoint.pt"
-WEIGHTS = "client_weights.npz"  # final client weights of the analysed layers (fedfactor diagnose)
 FINGERPRINT = "fingerprint.json"  # the result-determining config of the run this folder holds
 CHECKPOINT_VERSION = 1
 # How far a run's reported accuracy must rise above the majority-class baseline to count as
@@ -100,7 +101,8 @@ def check_run_folder(out: Path) -> None:
     """Refuse a run folder where one of the run's own files is not a regular file (a folder named
     summary.json, a named pipe), before anything reads or replaces it: reading a pipe blocks for
     ever, and replacing a folder fails halfway through a run."""
-    for name in (".lock", CHECKPOINT, FINGERPRINT, STATE_FILE, WEIGHTS, "config.yaml", "metrics.csv", "summary.json"):
+    for name in (".lock", CHECKPOINT, FINGERPRINT, STATE_FILE, WEIGHTS_FILE, "config.yaml", "metrics.csv",
+                 "summary.json"):
         path = out / name
         if (path.exists() or path.is_symlink()) and not path.is_file():
             what = "a folder" if path.is_dir() else "not a regular file"
@@ -165,38 +167,6 @@ def stop_signals(sim: Simulator, hold_after: Path | None = None) -> Iterator[Non
         done = hold_after is not None and hold_after.is_file()
         for s, h in previous.items():
             signal.signal(s, signal.SIG_IGN if done else h)
-
-
-def save_client_weights(cfg: Config, sim: Simulator, path: Path) -> tuple[dict[int, str], list[int]]:
-    """Final client weights of the analysed layers, for `fedfactor diagnose`, as float16 arrays.
-
-    Entry "<module>.weight" holds each client's effective weight of the layer in the plain layer's
-    shape (rows: output units): u v^T + mu for a factorized layer (mu as trained, not pruned),
-    sigma + tau for a low-rank one, the Hadamard product for pFedPara (models.layers.effective_weight).
-    Kept small: at most `diagnostics.max_clients` clients, those trained in the last round first.
-    Returns the layers ({index: module name}) and the clients kept; nothing when the method analyses
-    no layer (FedEM) or `diagnostics.keep_weights` is false.
-    """
-    d = cfg.diagnostics
-    layers = sim.diagnostic_layers()
-    entries = [key for name in layers.values() for key in layer_entries(sim.model, name)]
-    wanted = sim.diagnosed_clients() if d.keep_weights and layers else []
-    # A trained client keeps these entries only if it was diagnosed under the settings it trained with
-    # (Simulator._kept_for_diagnostics); `diagnostics` is not part of a run's fingerprint, so a resumed
-    # or kept checkpoint may meet other settings and find some clients without them.
-    clients = [k for k in wanted if all(key in sim.states[k] for key in entries)]
-    if len(clients) < len(wanted):
-        log.warning("%s: clients %s no longer hold the analysed layers' weights (they trained under other "
-                    "diagnostics settings); keeping %d client(s)", path, sorted(set(wanted) - set(clients)),
-                    len(clients))
-    if not clients:
-        path.unlink(missing_ok=True)
-        return {}, []
-    arrays = {f"{name}.weight": torch.stack([effective_weight(sim.model, name, sim.states[k]) for k in clients])
-              .to(torch.float16).cpu().numpy() for name in layers.values()}
-    with atomic_open(path) as f:
-        np.savez(f, **arrays)
-    return layers, clients
 
 
 def chance_accuracy(sim: Simulator) -> float:
@@ -359,7 +329,7 @@ def _prepare_folder(cfg: Config, out: Path, sim: Simulator) -> tuple[dict, list[
         # continuation of the old one's checkpoint or MLflow run.
         log.warning("%s held a run of another config (%s): starting over as a new run", out,
                     _differences(previous, fp))
-        for name in (CHECKPOINT, STATE_FILE, "metrics.csv", WEIGHTS):
+        for name in (CHECKPOINT, STATE_FILE, "metrics.csv", WEIGHTS_FILE):
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(out / "diagnostics", ignore_errors=True)
     ckpt = _checked_checkpoint(out / CHECKPOINT, fp, sim)
@@ -470,7 +440,7 @@ def _summarise(cfg: Config, out: Path, sim: Simulator, resumed: list[int], track
         new_clients = {"clients": sim.newcomers, "strategies": {
             name: {"accuracy_mean": sc.mean, "accuracy_weighted": sc.weighted, "per_client": sc.per_client.tolist()}
             for name, sc in scored.items()}}
-    analysed, analysed_clients = save_client_weights(cfg, sim, out / WEIGHTS)
+    analysed, analysed_clients = save_client_weights(cfg, sim, out / WEIGHTS_FILE)
     scores = summarize(sim.records, cfg.eval.report)
     chance = chance_accuracy(sim)
     warnings = _run_warnings(sim, scores["accuracy"], chance)

@@ -1,87 +1,19 @@
 """`fedfactor diagnose`: factor analysis of run folders' client weights, FedFac's split history,
 the files it writes, the runs it skips, and the numbers it adds to each run's MLflow run."""
 
-import io
 import json
 import logging
-import math
-import zipfile
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from fedfactor import tracking
 from fedfactor.cli import main
+from fedfactor.diagnostics.diagnose import diagnose
 from fedfactor.errors import UsageError
-from fedfactor.report.diagnose import analyse_run, analyse_weights, diagnose, read_runs, stability, unit_order
+from fedfactor.tracking import retry
 
-LAYER, MODULE = 3, "body.7"
-
-
-def planted(seed=0, K=6, d=12, fan_in=32, n_shared=6, noise=0.05):
-    """K clients' weights of a layer of d units: the first n_shared are driven by 2 patterns common
-    to every client (identical across clients but for small noise), the others are independent per
-    client and per unit."""
-    rng = np.random.default_rng(seed)
-    patterns = rng.normal(size=(2, fan_in))
-    w = np.empty((K, d, fan_in), np.float32)
-    for j in range(n_shared):
-        w[:, j] = rng.normal(size=2) @ patterns + noise * rng.normal(size=(K, fan_in))
-    w[:, n_shared:] = rng.normal(size=(K, d - n_shared, fan_in))
-    return w.reshape(K, d, 2, fan_in // 2)  # a conv-like K x d x ... shape: stacking must flatten it
-
-
-def make_run(path, method="fedavg", seed=0, scenario="s", weights=None, layers=None, run_id=None, uri=None):
-    """A finished run folder as a training job leaves it (the fields diagnose reads)."""
-    path.mkdir(parents=True, exist_ok=True)
-    layers = {str(LAYER): MODULE} if layers is None else layers
-    summary = {"scenario": scenario, "method": method, "seed": seed, "accuracy": 0.5, "rounds": 4, "clients": 6,
-               "analysed_layers": layers, "mlflow_run_id": run_id,
-               "config": {"tracking": {"enabled": uri is not None, "uri": uri or "sqlite:///nowhere/mlflow.db"}}}
-    (path / "summary.json").write_text(json.dumps(summary))
-    if weights is not None:
-        np.savez(path / "client_weights.npz", **{f"{MODULE}.weight": weights})
-    return path
-
-
-def write_history(path, states, index=LAYER):
-    for r, s in enumerate(states, start=1):
-        folder = path / "diagnostics" / f"fedfac.shared.{index}"
-        folder.mkdir(parents=True, exist_ok=True)
-        np.save(folder / f"round_{r:04d}.npy", np.asarray(s, np.uint8))
-        folder = path / "diagnostics" / f"fedfac.communality.{index}"
-        folder.mkdir(parents=True, exist_ok=True)
-        np.save(folder / f"round_{r:04d}.npy", np.linspace(0, 1, len(s)))
-
-
-def test_planted_shared_units_have_high_communality_and_personal_ones_low():
-    numbers, nu, curve = analyse_weights(planted(), kappa=0.45)
-    assert (numbers["K"], numbers["d"], numbers["fan_in"]) == (6, 12, 32)
-    # two common patterns: two factors, which explain the shared units almost fully and the others not
-    assert numbers["G"] == 2 and curve[1] >= 0.45 > curve[0]
-    assert nu[:6].min() > 0.9 and nu[6:].max() < 0.1
-    assert numbers["shared_mean"] == numbers["shared_ge0.5"] == numbers["shared_ge0.9"] == 0.5
-    assert numbers["nu_min"] == pytest.approx(nu.min()) and numbers["nu_max"] == pytest.approx(nu.max())
-    # quantile thresholds share ~1 - q of the units by construction (12 distinct values here)
-    assert (numbers["shared_q25"], numbers["shared_q50"], numbers["shared_q75"]) == (0.75, 0.5, 0.25)
-    # the same weights with the units in another order: the same communalities, in that order
-    order = np.random.default_rng(1).permutation(12)
-    _, nu_perm, _ = analyse_weights(planted()[:, order], kappa=0.45)
-    np.testing.assert_allclose(nu_perm, nu[order], atol=1e-6)
-    # without the common patterns nothing stands out
-    _, nu_none, _ = analyse_weights(planted(n_shared=0), kappa=0.45)
-    assert nu_none.max() < 0.9
-
-
-def test_stability_is_the_share_of_units_unchanged_since_the_previous_round():
-    states = np.zeros((4, 10), np.uint8)
-    states[:, :4] = 1
-    states[2:, 7] = 1  # unit 7 becomes shared between rounds 2 and 3
-    np.testing.assert_allclose(stability(states), [1.0, 0.9, 1.0])
-    assert len(stability(states[:1])) == 0  # static FedFac: one analysed round, nothing to compare
-    # the split-history heatmap: most often shared first, ties by index (uint8 counts, no wrap-around)
-    np.testing.assert_array_equal(unit_order(states), [0, 1, 2, 3, 7, 4, 5, 6, 8, 9])
+from .conftest import LAYER, MODULE, make_run, planted, write_history
 
 
 @pytest.mark.slow
@@ -242,99 +174,10 @@ def test_numbers_and_figures_land_on_the_runs_own_mlflow_run(tmp_path, monkeypat
     done = diagnose([a], tmp_path / "out3", kappa=0.45, uri=f"sqlite:///{tmp_path}/other.db")
     assert done["mlflow"][a][0] == "no run"
     assert not (tmp_path / "other.db").exists()
-    monkeypatch.setattr(tracking, "RETRY_SECONDS", 0.2)
+    monkeypatch.setattr(retry, "RETRY_SECONDS", 0.2)
     (tmp_path / "broken.db").write_text("not a database")
     caplog.set_level(logging.WARNING, logger="fedfactor")
     done = diagnose([tmp_path / "runs"], tmp_path / "out4", kappa=0.45, uri=f"sqlite:///{tmp_path}/broken.db")
     assert [o for o, _ in done["mlflow"].values()] == ["unreachable", "unreachable"]
     assert sum("unreachable" in r.getMessage() for r in caplog.records) == 1  # tried once, not for every run
     assert (tmp_path / "out4" / "diagnostics.md").exists()
-
-
-# --------------------------------------------------------------------------------------------
-# A damaged client_weights.npz: an error row naming the file, as NaN weights get, never a traceback
-# and never an unpickled object; the other runs are analysed as usual.
-
-
-class _Payload:
-    def __reduce__(self):  # unpickling it would run print
-        return (print, ("unpickled!",))
-
-
-def _npz(**arrays):
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    return buf.getvalue()
-
-
-def _crc_failure():
-    data = bytearray(_npz(**{f"{MODULE}.weight": planted(0)}))
-    npy = data.find(b"\x93NUMPY")
-    data[npy + 10 + int.from_bytes(data[npy + 8:npy + 10], "little") + 8] ^= 0xFF  # a byte of the array itself
-    return bytes(data)
-
-
-def _npy(array):
-    buf = io.BytesIO()
-    np.save(buf, array)
-    return buf.getvalue()
-
-
-def _member(content):
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        z.writestr(f"{MODULE}.weight.npy", content)
-    return buf.getvalue()
-
-
-W = f"{MODULE}.weight"
-DAMAGED_WEIGHTS = {  # what client_weights.npz holds, what the error says; True: it names the file
-    "a pickled object array": (_npz(**{W: np.array([_Payload()] * 6, dtype=object)}), "Object arrays cannot", True),
-    "half a zip": (_npz(**{W: planted(0)})[:2000], "is not an .npz archive", True),
-    "no zip at all": (b"hello", "is not an .npz archive", True),
-    "nothing": (b"", "is not an .npz archive", True),
-    "one .npy array": (_npy(planted(0)), "is not an .npz archive", True),
-    "a folder": ("DIR", "is not an .npz archive", True),
-    "a member failing its CRC": (_crc_failure(), "Bad CRC-32", True),
-    "a truncated member": (_member(_npy(planted(0))[:200]), f"cannot read '{W}'", True),
-    "a member that is no .npy array": (_member(b"hello"), f"'{W}' in {{bad}} is not an .npy array", True),
-    "an entry summary.json does not name": (_npz(**{"other.weight": planted(0)}),
-                                             f"has no entry '{W}' for layer {LAYER} of summary.json's", True),
-    "text": (_npz(**{W: np.full((6, 12), "a")}), "are not floating-point numbers", False),
-    "a structured array": (_npz(**{W: np.zeros((6, 12), dtype=[("a", "f4")])}), "not floating-point", False),
-    "integers": (_npz(**{W: planted(0).astype(np.int64)}), "not floating-point", False),
-    "a vector": (_npz(**{W: np.ones(6, np.float32)}), "are not K clients x d units", False),
-    "no units": (_npz(**{W: np.ones((6, 0, 4), np.float32)}), "are not K clients x d units", False),
-    "values beyond float32": (_npz(**{W: planted(0).astype(np.float64) * 1e300}), "beyond float32's range", False),
-}
-
-
-@pytest.mark.parametrize("damage", sorted(DAMAGED_WEIGHTS))
-def test_a_damaged_weights_file_is_an_error_row_naming_it(tmp_path, damage, capsys):
-    content, what, names_file = DAMAGED_WEIGHTS[damage]
-    bad = make_run(tmp_path / "bad", weights=planted(1)) / "client_weights.npz"
-    if content == "DIR":
-        bad.unlink()
-        bad.mkdir()
-    else:
-        bad.write_bytes(content)
-    (info,) = read_runs([tmp_path / "bad"])
-    (result,) = analyse_run(info, kappa=0.45, method="principal")
-    error = result.row["error"]
-    assert result.nu is None and math.isnan(result.row["G"]) and what.format(bad=bad) in error
-    assert (str(bad) in error) == names_file
-    assert "unpickled!" not in capsys.readouterr().out
-
-
-@pytest.mark.slow
-def test_the_other_runs_are_analysed_and_the_command_counts_the_errors(tmp_path, capsys):
-    make_run(tmp_path / "runs" / "good", weights=planted(0))
-    (make_run(tmp_path / "runs" / "bad", seed=1) / "client_weights.npz").write_bytes(
-        _npz(**{W: np.array([_Payload()] * 6, dtype=object)}))
-    out = tmp_path / "out"
-    assert main(["-q", "diagnose", str(tmp_path / "runs"), "--out", str(out), "--kappa", "0.45", "--no-mlflow"]) == 0
-    printed = capsys.readouterr().out
-    assert "2 runs analysed (2 layers, 1 with errors)" in printed and "unpickled!" not in printed
-    rows = pd.read_csv(out / "diagnostics.csv", keep_default_na=False, na_values=[""]).set_index("seed")
-    assert rows.loc[0, "G"] == 2 and "Object arrays cannot be loaded" in rows.loc[1, "error"]
-    assert f"{tmp_path / 'runs' / 'bad'}: cannot read '{W}'" in (out / "diagnostics.md").read_text()
