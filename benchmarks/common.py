@@ -30,7 +30,7 @@ def one_line(e: BaseException) -> str:
 
 def write_npz(path: Path, n_train: int, n_test: int, shape: tuple[int, ...] = (8, 8), classes: int = 10,
               seed: int = 0) -> Path:
-    """An npz dataset (see fedfactor.data.datasets) of n_train + n_test images, every class equally often.
+    """An npz dataset (see fedfactor.data.npz) of n_train + n_test images, every class equally often.
 
     A class is a random template plus noise, as synthetic:NAME builds it, so training sees a falling
     loss; the values do not matter for timing. x_test is the official test part, so that

@@ -67,7 +67,7 @@ def child(marks_file: str, command: str, train_args: list[str]) -> int:
     functions the job calls anyway are wrapped."""
     import fedfactor.job as job  # exactly what `fedfactor train` imports before it trains
     from fedfactor import cli
-    from fedfactor import simulator
+    from fedfactor import clients, simulator
 
     marks: dict[str, Any] = {"runs": []}
 
@@ -99,7 +99,7 @@ def child(marks_file: str, command: str, train_args: list[str]) -> int:
 
     job.train = on_train  # train-runs calls it through the module, once a run
     job.Tracker = spent("mlflow", job.Tracker)
-    simulator.load_dataset = spent("data", simulator.load_dataset)
+    clients.load_dataset = spent("data", clients.load_dataset)
     simulator.Simulator.__init__ = spent("simulator", simulator.Simulator.__init__)
     simulator.Simulator.run_round = on_round
     status = cli.main([command, *train_args])

@@ -37,7 +37,7 @@ COMMANDS = ("fedfactor", "snakemake")
 PRELOAD = ["snakemake.cli", "snakemake.api", "torch", "torchvision", "numpy", "pandas", "scipy.stats", "sklearn",
            "matplotlib", "mlflow", "fedfactor.cli", "fedfactor.job", "fedfactor.simulator", "fedfactor.tracking",
            "fedfactor.methods", "fedfactor.models", "fedfactor.data.datasets", "fedfactor.data.partition",
-           "fedfactor.report.table", "fedfactor.report.figures", "fedfactor.report.diagnose",
+           "fedfactor.report.table", "fedfactor.report.figures", "fedfactor.diagnostics.diagnose",
            "fedfactor.report.claims", "fedfactor.report.paper", "fedfactor.report.study_figures", "fedfactor.plan",
            "fedfactor.workflow", "fedfactor.tuning", "fedfactor.report.spec", "fedfactor.report.study",
            "fedfactor.progress"]

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from fedfactor.cli import main
 from fedfactor.data import load_dataset
-from fedfactor.data.partition import SPLITS, Partition
+from fedfactor.data.partition import Partition
+from fedfactor.data.partition_kinds import SPLITS
 from fedfactor.errors import UsageError
 
 from .conftest import write_content

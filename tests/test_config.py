@@ -179,7 +179,7 @@ def test_build_fills_in_every_default_and_a_variant_its_preset():
 @pytest.mark.parametrize("setting", ["partition.groups=[[]]", "partition.groups=[]", "partition.groups=[[-1]]",
                                      "partition.groups=nope"])
 def test_class_groups_are_checked_under_every_partition_kind(setting):
-    from fedfactor.data.partition import task_label_maps
+    from fedfactor.data.partition_labels import task_label_maps
 
     with pytest.raises(UsageError, match="partition.groups"):
         cfg = load_config(None, ["partition.kind=iid", setting])

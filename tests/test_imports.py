@@ -25,9 +25,12 @@ LAYERS = [
     {"models"},
     {"fl"},  # the primitives: state, communication meter, local training, batched clients
     {"methods"},
-    {"simulator", "tracking"},  # the round loop sits above the methods it runs
+    {"clients", "records"},  # a run's clients, and what a round records
+    {"simulator", "tracking", "summary"},  # the round loop sits above the methods it runs
+    {"report"},  # finished run folders read back, their tables and figures: files only, no training
+    {"diagnostics"},  # what a run keeps of its clients' weights, and their factor analysis
     {"job"},
-    {"report", "workflow", "tuning"},
+    {"workflow", "tuning", "fedfac_simulation"},  # fedfac_simulation: FedFac's simulation study
     {"plan"},  # a study's needs, from its runs as the workflow expands them
     {"progress"},
     {"cli"},
@@ -106,7 +109,7 @@ def test_the_parser_sees_relative_absolute_and_in_function_imports():
     # `from . import heatmaps` names a module
     assert "fedfactor.report.heatmaps" in graph["fedfactor.report.study_figures"]
     # inside a function (cli imports each command's module when the command runs)
-    assert "fedfactor.report.simulation" in graph["fedfactor.cli"]
+    assert "fedfactor.fedfac_simulation.study" in graph["fedfactor.cli"]
     # `from ..models import HeadedModel` is an import of the package, whose __init__ runs
     assert "fedfactor.models" in graph["fedfactor.methods.fedrod"]
 

@@ -32,8 +32,6 @@ from fedfactor.io import check_output
 from fedfactor.job import CHECKPOINT, chance_accuracy, finished_summary, run_log, train, train_runs
 from fedfactor.methods import METHODS
 from fedfactor.methods.base import Method
-from fedfactor.models.layers import effective_weight
-from fedfactor.report.diagnose import diagnose
 
 from .conftest import TINY
 
@@ -449,58 +447,6 @@ def test_four_jobs_at_once_on_a_fresh_store_all_finish_in_mlflow(tmp_path):
     assert all(r.info.status == "FINISHED" for r in runs) and len(runs) == 4
     for r in runs:
         assert sorted(m.step for m in client.get_metric_history(r.info.run_id, "bytes_up")) == [1, 2, 3]
-
-
-@pytest.mark.parametrize("method, extra", [("fedavg", []), ("feddecomp", ["fl.epochs=2", "method.e_lora=1"]),
-                                           ("pfedpara", []), ("factorized_fl_alpha", [])])
-def test_the_diagnosed_clients_keep_the_effective_weights_that_diagnose_analyses(tmp_path, method, extra):
-    # Under eval.model=received the clients drop the shared entries (FedDecomp's sigma, pFedPara's
-    # W_1 factors) except those the diagnostics read; Factorized-FL keeps whole states. Each kept
-    # weight is the layer's effective one: sigma + tau, W_1 o (W_2 + 1), u v^T + mu.
-    cfg = load_config(None, [*TINY, f"method.name={method}", *extra, "fl.fraction=0.5", "diagnostics.max_clients=3",
-                             "eval.model=received"])
-    summary = train(cfg, tmp_path / "run")
-    saved = np.load(tmp_path / "run" / "client_weights.npz", allow_pickle=False)
-    whole = Simulator(cfg)
-    whole._trim = False  # every trained client keeps its whole model
-    whole.run()
-    clients = whole.diagnosed_clients()
-    assert summary["analysed_layers"] == {"3": "body.7"} and summary["analysed_clients"] == clients
-    assert len(clients) == 3 and list(saved) == ["body.7.weight"]
-    expected = torch.stack([effective_weight(whole.model, "body.7", whole.states[k]) for k in clients])
-    assert np.array_equal(saved["body.7.weight"], expected.to(torch.float16).numpy())
-    if method != "fedavg":  # not the layer's plain parameter: there is none, or it is sigma alone
-        first = whole.states[clients[0]]
-        assert "body.7.weight" not in first or not torch.equal(first["body.7.weight"], expected[0])
-    done = diagnose([tmp_path / "run"], tmp_path / "diagnostics", mlflow=False)
-    assert done["skipped"] == []
-    (row,) = done["rows"].itertuples()
-    assert row.error == "" and (row.K, row.d) == (3, expected.shape[1]) and row.G >= 1
-
-
-def test_client_weights_under_other_diagnostics_settings_keep_the_clients_that_still_hold_them(tmp_path, caplog):
-    sets = [*TINY, "fl.fraction=0.5", "eval.model=received", "checkpoint.keep=true"]
-    train(load_config(None, [*sets, "diagnostics.max_clients=1"]), tmp_path)
-    # the kept final checkpoint meets a wider setting: the same run (diagnostics is not in its fingerprint)
-    cfg = load_config(None, [*sets, "diagnostics.max_clients=4"])
-    sim = Simulator(cfg)
-    first = sim.diagnosed_clients()[0]
-    trained = {k for rnd in range(1, cfg.fl.rounds + 1) for k in sim.sample(rnd)}
-    holding = [k for k in sim.diagnosed_clients() if k == first or k not in trained]
-    assert len(holding) < 4  # some trained clients dropped the weights, so the case is real
-    with caplog.at_level("WARNING", logger="fedfactor"):
-        summary = train(cfg, tmp_path)
-    assert "no longer hold the analysed layers' weights" in caplog.text
-    saved = np.load(tmp_path / "client_weights.npz", allow_pickle=False)
-    assert all(a.shape[0] == len(holding) for a in saved.values())
-    assert summary["analysed_clients"] == holding
-
-
-def test_no_client_weights_without_keep_weights_and_an_earlier_file_is_removed(tmp_path):
-    train(load_config(None, TINY), tmp_path)
-    assert (tmp_path / "client_weights.npz").exists()
-    summary = train(load_config(None, [*TINY, "diagnostics.keep_weights=false"]), tmp_path)
-    assert not (tmp_path / "client_weights.npz").exists() and summary["analysed_clients"] == []
 
 
 class ToyWarns(Method):

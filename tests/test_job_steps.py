@@ -9,7 +9,7 @@ import pytest
 
 import fedfactor.job as job
 from fedfactor.config import load_config
-from fedfactor.simulator import RoundRecord, Scores
+from fedfactor.records import RoundRecord, Scores
 
 from .conftest import TINY
 

@@ -64,7 +64,7 @@ def test_study_matches_the_schema_and_its_run_config_loads(path):
     study = _read(path)
     validate(copy.deepcopy(study), str(SCHEMA), set_default=True)
     if "simulation" in study:  # FedFac's simulation study: its own config, no runs
-        from fedfactor.report.simulation import load_simulation_config
+        from fedfactor.fedfac_simulation.config import load_simulation_config
 
         load_simulation_config(REPO / study["simulation"], run_sets(study.get("overrides") or {}))
         return

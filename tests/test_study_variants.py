@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedfactor.config import load_config
-from fedfactor.simulator import build_partition
+from fedfactor.clients import build_partition
 from fedfactor.workflow import partition_sets, study_folder
 
 from .conftest import snakemake_in_process

@@ -208,7 +208,7 @@ def cmd_cost(args) -> None:
 
 def cmd_partition(args) -> None:
     from .data import load_dataset
-    from .simulator import build_partition
+    from .clients import build_partition
 
     cfg = _config(args)
     ds = load_dataset(cfg.data.name, cfg.data.root, download=cfg.data.download)
@@ -254,7 +254,7 @@ def cmd_models(args) -> None:
 
 
 def cmd_partitions(args) -> None:
-    from .data.partition import PARTITIONS
+    from .data.partition_kinds import PARTITIONS
 
     _list(PARTITIONS)
 
@@ -372,7 +372,7 @@ def cmd_figure(args) -> None:
 
 
 def cmd_diagnose(args) -> None:
-    from .report.diagnose import diagnose
+    from .diagnostics.diagnose import diagnose
 
     done = diagnose(args.runs, Path(args.out), kappa=args.kappa, method=args.fa_method, mlflow=not args.no_mlflow,
                     uri=args.uri, figures_dir=args.figures)
@@ -434,7 +434,8 @@ def cmd_plan(args) -> None:
 
 
 def cmd_simulate(args) -> None:
-    from .report.simulation import load_simulation_config, simulate
+    from .fedfac_simulation.config import load_simulation_config
+    from .fedfac_simulation.study import simulate
 
     md = simulate(load_simulation_config(args.config, args.overrides), Path(args.out))
     print(md)
@@ -445,7 +446,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fedfactor {__version__}")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors in the log")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # each adds its commands in turn: `fedfactor --help` lists them in this order
+    for add_commands in (_add_training_commands, _add_setup_commands, _add_mlflow_commands, _add_table_commands,
+                         _add_figure_commands, _add_study_commands):
+        add_commands(sub)
+    return parser
 
+
+def _add_training_commands(sub: argparse._SubParsersAction) -> None:
+    """train, train-runs and tune-select."""
     p = sub.add_parser("train", help="run one federated training; writes OUT/summary.json and OUT/metrics.csv")
     _add_config_args(p)
     p.add_argument("--out", required=True, help="output directory")
@@ -478,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the chosen values to each FILE: the study's tuning.file and the tuning's own record")
     p.set_defaults(func=cmd_tune_select)
 
+
+def _add_setup_commands(sub: argparse._SubParsersAction) -> None:
+    """cost, partition, prepare-data and the listings (methods, datasets, models, partitions)."""
     p = sub.add_parser("cost", help="measured communication bytes of a config, from shapes alone (no training)")
     _add_config_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -498,6 +510,9 @@ def build_parser() -> argparse.ArgumentParser:
                              ("models", cmd_models, "list models"), ("partitions", cmd_partitions, "list partitions")]:
         sub.add_parser(name, help=text).set_defaults(func=func)
 
+
+def _add_mlflow_commands(sub: argparse._SubParsersAction) -> None:
+    """mlflow-init and mlflow-import."""
     p = sub.add_parser("mlflow-init", help="create the MLflow store and experiment once; print its id")
     p.add_argument("--uri", default="sqlite:///results/mlflow.db")
     p.add_argument("--experiment", default="fedfactor")
@@ -510,6 +525,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", default="fedfactor")
     p.set_defaults(func=cmd_mlflow_import)
 
+
+def _add_table_commands(sub: argparse._SubParsersAction) -> None:
+    """table, study-spec, paper-tables and claims."""
     p = sub.add_parser("table", help="mean +- std over seeds of run summaries, as markdown and csv")
     p.add_argument("runs", nargs="+", help="summary.json files or directories searched for them")
     p.add_argument("--out-md", required=True)
@@ -534,6 +552,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--out", required=True, help="output directory")
         p.set_defaults(func=func)
 
+
+def _add_figure_commands(sub: argparse._SubParsersAction) -> None:
+    """figures, curves, figure and diagnose."""
     p = sub.add_parser("figures", help="a study's figures (accuracy vs rounds and bytes, per client, similarity, "
                                        "FedDecomp), PNG + PDF in OUT")
     p.add_argument("runs", nargs="+", help="summary.json files or directories searched for them")
@@ -576,6 +597,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--figures", help="folder for the figures (default: --out)")
     p.set_defaults(func=cmd_diagnose)
 
+
+def _add_study_commands(sub: argparse._SubParsersAction) -> None:
+    """plan and simulate."""
     p = sub.add_parser("plan", help="what a study needs before it is launched: runs, local steps, downloads, disk, "
                                     "peak memory a run (measured on shapes), checkpoint, time where measured "
                                     "(docs/plan.md)")
@@ -597,7 +621,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a dotted config key, e.g. --set train.rounds=5 (repeatable)")
     p.add_argument("--out", required=True, help="output folder (simulation.csv, .md, rounds.csv, figure6/7.png)")
     p.set_defaults(func=cmd_simulate)
-    return parser
 
 
 # Each command's output options and what they name, checked before the command runs.

@@ -94,7 +94,8 @@ DATASET_FACTS: dict[str, DatasetFacts] = {
 
 def dataset_facts(name: str, root: str) -> DatasetFacts:
     """A dataset's facts; a synthetic stand-in is generated (a few hundred samples, no download)."""
-    from .data.datasets import NPZ_PREFIX, SYNTHETIC_PREFIX, _read
+    from .data.datasets import SYNTHETIC_PREFIX, _read
+    from .data.npz import NPZ_PREFIX
 
     if name.startswith(SYNTHETIC_PREFIX):
         info, arrays = _read(name, root, download=False)

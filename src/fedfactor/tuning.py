@@ -29,7 +29,7 @@ from .errors import UsageError
 from .io import atomic_write_text
 
 FILE_VERSION = 1
-# The validation number a run is scored by, as summary.json holds it (simulator.summarize): under
+# The validation number a run is scored by, as summary.json holds it (summary.summarize): under
 # eval.report=last the last round's mean validation accuracy, under best/best_weighted/best_val its
 # best round's. The test split is never read.
 SCORE = "val_score"
