@@ -20,6 +20,15 @@ def _sets(items):
 
 
 @pytest.mark.slow
+def test_help_says_what_the_tool_is_and_where_a_newcomer_goes_next(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert done.value.code == 0
+    assert "Personalized federated learning" in out and "entry point" not in out
+    assert "snakemake --cores all" in out and "docs/cli.md" in out
+
+
 def test_train_two_rounds_end_to_end(tmp_path, tiny, capsys):
     out = tmp_path / "run"
     uri = f"sqlite:///{tmp_path}/mlflow.db"

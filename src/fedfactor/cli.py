@@ -23,6 +23,9 @@ from . import __version__
 from .errors import Interrupted, RunFailed, UsageError
 
 log = logging.getLogger("fedfactor")
+# what `fedfactor --help` opens with: what the tool is for a newcomer, not the contract above
+DESCRIPTION = ("Personalized federated learning with factorized and decomposed parameters: train runs, "
+               "tabulate, check claims and diagnose them.")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -442,7 +445,9 @@ def cmd_simulate(args) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedfactor", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="fedfactor", description=DESCRIPTION,
+        epilog="A whole study runs through Snakemake: `snakemake --cores all` (README.md). Every command: docs/cli.md.")
     parser.add_argument("--version", action="version", version=f"fedfactor {__version__}")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors in the log")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
