@@ -1,6 +1,7 @@
 import contextlib
 import io
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -513,3 +514,16 @@ def test_a_full_disk_under_any_command_is_one_line_and_exit_1(tmp_path, tiny, mo
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"fedfactor: run failed: no space left to write {part} (") and "Traceback" not in err
     assert os.listdir(tmp_path) == []  # no temporary left
+
+
+def test_docs_cli_lists_every_command():
+    """docs/cli.md opens with one line a command: a command missing there is one a newcomer never finds."""
+    from pathlib import Path
+
+    from fedfactor.cli import build_parser
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    listed = set(re.findall(r"^fedfactor ([a-z-]+)", page.split("```")[1], re.M))
+    listed |= {"datasets", "models", "partitions"} if "fedfactor methods | datasets | models | partitions" in page else set()
+    commands = set(next(a for a in build_parser()._actions if a.dest == "command").choices)
+    assert commands == listed
