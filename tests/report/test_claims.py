@@ -349,3 +349,34 @@ def test_without_shared_seeds_or_welch_there_is_no_interval_and_bytes_alone_are_
     assert acc.test == "n=1, no interval"
     gb = _estimate([a, Values({1: 1.0})], lambda x, y: x / y, 1.0, True, None)
     assert gb.exact and gb.test == "seeds not paired, n=1 vs 1, no interval, bytes taken as exact"
+
+
+def test_a_regions_ends_decide_holds_and_misses_at_the_boundary():
+    from fedfactor.report.claims import _above, _Region
+
+    more = _above(0.0)  # "a > b": no margin, so 0 itself is not a lead
+    assert not more.holds(0.0) and more.holds(1e-9)
+    assert more.misses(-2.0, 0.0) and not more.misses(-2.0, 1e-9)  # an interval ending at 0 never leads
+    margin = _above(5.0)  # "by >= 5": 5 itself counts
+    assert margin.holds(5.0) and not margin.holds(4.99)
+    assert not margin.misses(1.0, 5.0) and margin.misses(1.0, 4.99)
+    close = _Region(-1.0, 1.0)  # |difference| <= 1, both ends included
+    assert close.holds(1.0) and close.holds(-1.0) and not close.holds(1.01)
+    assert not close.misses(1.0, 2.0) and close.misses(1.01, 2.0)
+
+
+def test_best_by_bytes_names_the_cheapest_other_and_a_missing_scenario_keeps_the_others(runs, tmp_path):
+    for seed in range(3):  # c sends 3 GB: the next best of a (1 GB) among b (7 GB) and c
+        _run(runs, "s1", "c", seed, 0.5, nbytes=3e9)
+    study = _study([_claim("cheapest", kind="best", metric="bytes", method="a", among=["b", "c"],
+                           scenarios=["s2", "s1"]),
+                    _claim("absent", kind="best", method="a", among=["b", "local"], scenarios=["s1", "s2"]),
+                    _claim("gap", kind="best", method="local", among=["a"], scenarios=["s2"])],
+                   implemented=("a", "b", "c", "local"))
+    f = _verdicts(study, runs, tmp_path / "out")
+    # s2 has no run of a: the claim is not run, and s1's check is still made and shown
+    assert f.loc["cheapest", "verdict"] == "not run" and "a in s2: no runs" in f.loc["cheapest", "missing"]
+    assert "s1: a 1.0000, next best c 3.0000 (+2.0000 GB)" in f.loc["cheapest", "observed"]
+    assert f.loc["absent", "verdict"] == "not run" and "s1: a 72.00, next best local 80.00" in f.loc["absent", "observed"]
+    # local ran in s2, a did not: the comparison is skipped, not made against nothing
+    assert f.loc["gap", "verdict"] == "not run" and f.loc["gap", "observed"] == ""
