@@ -40,7 +40,11 @@ PRELOAD = ["snakemake.cli", "snakemake.api", "torch", "torchvision", "numpy", "p
            "fedfactor.report.table", "fedfactor.report.figures", "fedfactor.diagnostics.diagnose",
            "fedfactor.report.claims", "fedfactor.report.paper", "fedfactor.report.study_figures", "fedfactor.plan",
            "fedfactor.workflow", "fedfactor.tuning", "fedfactor.report.spec", "fedfactor.report.study",
-           "fedfactor.progress"]
+           "fedfactor.progress",
+           # imported on first use: MLflow's SQL store and its migrations (every tracked job), the PDF
+           # backend and its font subsetting (every figure); 2.4 s a job that needs them
+           "mlflow.store.tracking.sqlalchemy_store", "alembic", "matplotlib.pyplot", "matplotlib.backends.backend_pdf",
+           "fontTools.subset"]
 
 CLIENT = '''\
 #!{python} -IS
