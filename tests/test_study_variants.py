@@ -101,6 +101,8 @@ def test_rounds_keep_the_partitions_and_an_override_file_keeps_the_studys_runs(t
     # an override file after the study plans everything in a folder of its own, nothing in the study's
     _write(study, doc)
     mine = _write(tmp_path / "mine.yaml", {"overrides": {"fl": {"rounds": 10}}})
-    out = snakemake_in_process("-n", "--directory", str(tmp_path), "--configfile", str(study), str(mine))
+    out = snakemake_in_process("-n", "-p", "--directory", str(tmp_path), "--configfile", str(study), str(mine))
     assert f"{tmp_path}/results/tiny+mine/jobs/train/iid/seed0-1.json" in out
     assert f"{tmp_path}/results/tiny/" not in out
+    # and an MLflow experiment of its own: its runs share the study's run names (iid/fedavg/seed0)
+    assert re.search(r"mlflow-init .*--experiment '?fedfactor-tiny\+mine'? ", out), out
