@@ -38,7 +38,7 @@ PRELOAD = ["snakemake.cli", "snakemake.api", "torch", "torchvision", "numpy", "p
            "matplotlib", "mlflow", "fedfactor.cli", "fedfactor.job", "fedfactor.simulator", "fedfactor.tracking",
            "fedfactor.methods", "fedfactor.models", "fedfactor.data.datasets", "fedfactor.data.partition",
            "fedfactor.report.table", "fedfactor.report.figures", "fedfactor.diagnostics.diagnose",
-           "fedfactor.report.claims", "fedfactor.report.paper", "fedfactor.report.study_figures", "fedfactor.plan",
+           "fedfactor.report.claims", "fedfactor.report.paper", "fedfactor.study_figures", "fedfactor.plan",
            "fedfactor.workflow", "fedfactor.tuning", "fedfactor.report.spec", "fedfactor.report.study",
            "fedfactor.progress",
            # imported on first use: MLflow's SQL store and its migrations (every tracked job), the PDF

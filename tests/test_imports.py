@@ -28,7 +28,8 @@ LAYERS = [
     {"clients", "records"},  # a run's clients, and what a round records
     {"simulator", "tracking", "summary"},  # the round loop sits above the methods it runs
     {"report"},  # finished run folders read back, their tables and figures: files only, no training
-    {"diagnostics"},  # what a run keeps of its clients' weights, and their factor analysis
+    {"diagnostics"},  # what a run keeps of its clients' weights, their factor analysis, the arrays it logged drawn
+    {"study_figures"},  # every figure of a study: the accuracy curves and the diagnostics' figures
     {"job"},
     {"workflow", "tuning", "fedfac_simulation"},  # fedfac_simulation: FedFac's simulation study
     {"plan"},  # a study's needs, from its runs as the workflow expands them
@@ -106,8 +107,8 @@ def test_the_parser_sees_relative_absolute_and_in_function_imports():
     graph = import_graph()
     # relative, at the top of the file
     assert "fedfactor.methods" in graph["fedfactor.simulator"]
-    # `from . import heatmaps` names a module
-    assert "fedfactor.report.heatmaps" in graph["fedfactor.report.study_figures"]
+    # `from .diagnostics import heatmaps` names a module
+    assert "fedfactor.diagnostics.heatmaps" in graph["fedfactor.study_figures"]
     # inside a function (cli imports each command's module when the command runs)
     assert "fedfactor.fedfac_simulation.study" in graph["fedfactor.cli"]
     # `from ..models import HeadedModel` is an import of the package, whose __init__ runs

@@ -333,7 +333,7 @@ def cmd_claims(args) -> None:
 
 
 def cmd_figures(args) -> None:
-    from .report.study_figures import study_figures
+    from .study_figures import study_figures
 
     written = study_figures(args.runs, Path(args.out), title=args.title, smoke=args.smoke)
     print(f"{len(written)} figures -> {args.out}")
@@ -348,7 +348,7 @@ def cmd_curves(args) -> None:
 
 def cmd_figure(args) -> None:
     if args.kind != "similarity":
-        from .report.decomp import decomposition_figure, elora_figure
+        from .diagnostics.decomp import decomposition_figure, elora_figure
 
         if args.rounds is not None:
             raise UsageError(f"--rounds applies to --kind similarity only, not {args.kind}")
@@ -357,7 +357,7 @@ def cmd_figure(args) -> None:
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         print(f"{args.kind} figure -> {args.out}", file=sys.stderr)
         return
-    from .report.heatmaps import similarity_heatmaps
+    from .diagnostics.heatmaps import similarity_heatmaps
 
     if len(args.runs) != 1:
         raise UsageError(f"--kind similarity draws one run; got {len(args.runs)} folders")

@@ -7,7 +7,7 @@ from PIL import Image
 from fedfactor.cli import main
 from fedfactor.errors import UsageError
 from fedfactor.report.figures import SMOKE_TITLE
-from fedfactor.report.heatmaps import similarity_heatmaps
+from fedfactor.diagnostics.heatmaps import similarity_heatmaps
 
 from ..conftest import write_content
 

@@ -19,9 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import MAX_EPOCHS
 from ..errors import UsageError
-from .figures import (DatasetKey, _read_metrics, decorate, holds_numbers, is_synthetic, legend_outside, mean_band,
+from ..report.figures import (DatasetKey, _read_metrics, decorate, holds_numbers, is_synthetic, legend_outside, mean_band,
                       method_styles, panel_grid, rounds_axis, save_figure)
-from .runs import find_summaries, read_summary
+from ..report.runs import find_summaries, read_summary
 
 DIAGNOSTICS = {
     "feddecomp.sigma_distance": r"mean $\|\sigma_i - \bar\sigma\|_2$ (Fig. 6)",

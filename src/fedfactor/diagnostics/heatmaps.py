@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
-from .figures import DatasetKey, decorate, is_synthetic, pyplot, save_figure
-from .runs import read_summary
+from ..report.figures import DatasetKey, decorate, is_synthetic, pyplot, save_figure
+from ..report.runs import read_summary
 
 SIMILARITIES = {"similarity_u": "$u^{L-1}$", "similarity_v": "$v^{L-1}$", "similarity_z": "$z$"}
 COUNTS = "matching_counts"

@@ -5,7 +5,7 @@ import pytest
 
 from fedfactor.cli import main
 from fedfactor.errors import UsageError
-from fedfactor.report.decomp import decomposition_figure, elora_figure
+from fedfactor.diagnostics.decomp import decomposition_figure, elora_figure
 
 PNG, PDF = b"\x89PNG\r\n\x1a\n", b"%PDF"
 
