@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import MAX_EPOCHS
 from ..errors import UsageError
-from ..report.figures import (DatasetKey, _read_metrics, decorate, holds_numbers, is_synthetic, legend_outside, mean_band,
-                      method_styles, panel_grid, rounds_axis, save_figure)
+from ..report.figures import (DatasetKey, _read_metrics, decorate, holds_numbers, is_synthetic, legend_outside,
+                              mean_band, method_styles, panel_grid, rounds_axis, save_figure)
 from ..report.runs import find_summaries, read_summary
 
 DIAGNOSTICS = {
