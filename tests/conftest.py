@@ -18,6 +18,11 @@ TINY = [
     "fl.batch_size=32", "fl.lr=0.05", "fl.device=cpu", "tracking.enabled=false",
 ]
 
+# The smoke runs' width (model.width_multiplier) for the papers' ResNets: their layers, names and
+# methods as in the paper, at 1/64 of the multiply-adds; full width is what the paper-scale rehearsals
+# (tests/test_plan.py) and the models' own tests run.
+SMOKE_WIDTH = 0.125
+
 
 @pytest.fixture(scope="session")
 def fedfactor_env(tmp_path_factory):

@@ -271,3 +271,15 @@ def test_a_hyperparameter_without_a_method_name_is_the_default_methods():
     with pytest.raises(UsageError, match="^method 'fedprox' has no parameter 'bogus'; valid: mu$"):
         _checked(None, ["method.name=fedprox", "method.bogus=1"])
     assert _checked(None, ["method.mu=0.5", "method.name=fedprox"]).method == {"name": "fedprox", "mu": 0.5}
+
+
+def test_full_width_stays_out_of_what_a_run_writes_and_a_narrower_one_is_written():
+    # config.yaml, the fingerprint and MLflow's params of full-width runs are those written before the
+    # key existed, so those runs resume; a narrower run says so in all three
+    full = load_config(None, [])
+    assert "width_multiplier" not in full.to_dict()["model"] and full.model.width_multiplier == 1.0
+    narrow = load_config(None, ["model.width_multiplier=0.125"])
+    assert narrow.result_dict()["model"]["width_multiplier"] == 0.125
+    assert load_config(None, ["model.width_multiplier=1"]).to_dict() == full.to_dict()
+    with pytest.raises(UsageError, match="width_multiplier"):
+        load_config(None, ["model.width_multiplier=2"])

@@ -28,6 +28,8 @@ import yaml
 
 from fedfactor.methods import METHODS
 
+from .conftest import SMOKE_WIDTH
+
 pytestmark = pytest.mark.slow  # every study dry-run in full and smoke-run end to end
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,11 +39,11 @@ SMOKE_TITLE = "SMOKE RUN on synthetic data — not results"
 # Run config -> what keeps one of its jobs to seconds on a CPU (the study's own scenario settings
 # stay: class-group presets need their number of clients, FedDecomp's E_lora sweep its epochs).
 SCALE = {
-    "factorized_fl.yaml": {"fl": {"epochs": 1}},
-    "simfed.yaml": {"fl": {"epochs": 1}},
+    "factorized_fl.yaml": {"fl": {"epochs": 1}, "model": {"width_multiplier": SMOKE_WIDTH}},
+    "simfed.yaml": {"fl": {"epochs": 1}, "model": {"width_multiplier": SMOKE_WIDTH}},
     # 300 images for 100 clients would leave some without test images; no internet for ImageNet weights
     "fedfac.yaml": {"fl": {"epochs": 1, "clients": 4}, "model": {"pretrained": False}},
-    "feddecomp.yaml": {"fl": {"clients": 4}, "partition": {"samples_per_client": {"train": 10, "val": 4, "test": 4}}},
+    "feddecomp.yaml": {"fl": {"clients": 4}, "model": {"width_multiplier": SMOKE_WIDTH}, "partition": {"samples_per_client": {"train": 10, "val": 4, "test": 4}}},
     "feddecomp_digits.yaml": {"fl": {"clients": 4}},
     "digits.yaml": {"fl": {"epochs": 1}},
 }

@@ -336,7 +336,8 @@ def measure(cfg: Config) -> Measured:
 
         d = dataset_info(cfg.data.name, cfg.data.root)
         with torch.device("meta"):
-            net = build_model(cfg.model.name, d.channels, d.height, d.width, d.num_classes)
+            net = build_model(cfg.model.name, d.channels, d.height, d.width, d.num_classes,
+                              width_multiplier=cfg.model.width_multiplier)
         activations = _activation_bytes(net.train(), info, cfg.fl.batch_size)
         how += "; activations of the plain model (its forward pass reads values)"
     step = activations + (2 + optimizer) * params

@@ -135,7 +135,8 @@ class Simulator:
         with self.device:
             # A dry run (`fedfactor cost`) needs shapes only: no weights file, no download.
             model = build_model(self.cfg.model.name, info.channels, info.height, info.width, num_classes,
-                                pretrained=self.cfg.model.pretrained and not self.dry_run)
+                                pretrained=self.cfg.model.pretrained and not self.dry_run,
+                                width_multiplier=self.cfg.model.width_multiplier)
             refuse_recurrent(self.method, model)
             self.model = self.method.prepare_model(model)
         return clone(self.model.state_dict())

@@ -22,6 +22,8 @@ from fedfactor.simulator import Simulator
 from fedfactor.methods import METHODS
 from fedfactor.workflow import method_sets, run_sets, scenario_overrides
 
+from ..conftest import SMOKE_WIDTH
+
 pytestmark = pytest.mark.slow  # a training round per baseline and study protocol
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,12 +35,12 @@ BASELINES = {"fedper", "lg_fedavg", "fedrep", "fedbn", "per_fedavg", "per_fedavg
 # scenarios' own settings stay: class-group presets need their number of clients, FedDecomp's E_lora
 # its epochs), one round.
 SCALE = {
-    "factorized_fl.yaml": {"fl": {"epochs": 1}},
+    "factorized_fl.yaml": {"fl": {"epochs": 1}, "model": {"width_multiplier": SMOKE_WIDTH}},
     # SimFed's 20-domain split keeps 5 % for validation: of 300 synthetic images some domains would get
     # none, and FedFOMO needs validation data (the real CIFAR-100 gives each about 150)
-    "simfed.yaml": {"fl": {"epochs": 1}, "data": {"split": [0.7, 0.15, 0.15]}},
+    "simfed.yaml": {"fl": {"epochs": 1}, "model": {"width_multiplier": SMOKE_WIDTH}, "data": {"split": [0.7, 0.15, 0.15]}},
     "fedfac.yaml": {"fl": {"epochs": 1, "clients": 4}, "model": {"pretrained": False}},
-    "feddecomp.yaml": {"fl": {"clients": 4}, "partition": {"samples_per_client": {"train": 10, "val": 4, "test": 4}}},
+    "feddecomp.yaml": {"fl": {"clients": 4}, "model": {"width_multiplier": SMOKE_WIDTH}, "partition": {"samples_per_client": {"train": 10, "val": 4, "test": 4}}},
     "feddecomp_digits.yaml": {"fl": {"clients": 4}},
     "digits.yaml": {"fl": {"epochs": 1}},  # the full grid (default_grid.yaml): the default study's run config
 }

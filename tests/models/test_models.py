@@ -97,3 +97,25 @@ def test_bad_model_requests():
         build_model("vgg", 3, 32, 32, 10)
     with pytest.raises(UsageError, match="num_classes must be an integer >= 1"):
         build_model("mlp", 3, 32, 32, 0)
+
+
+NARROW = ["resnet9", "cnn", "cnn_bn", "mlp", "resnet8", "resnet10", "resnet8_cifar", "resnet10_cifar"]
+
+
+@pytest.mark.parametrize("name", NARROW)
+def test_a_narrower_model_keeps_every_layer_and_name_with_an_eighth_of_the_channels(name):
+    full, narrow = build_model(name, 3, 32, 32, 10), build_model(name, 3, 32, 32, 10, width_multiplier=0.125)
+    assert list(full.state_dict()) == list(narrow.state_dict())  # the methods find the same layers
+    layers = lambda m: [x for x in m.body.modules() if isinstance(x, (nn.Conv2d, nn.Linear))]  # noqa: E731
+    for small, big in zip(layers(narrow), layers(full), strict=True):
+        out = "out_channels" if isinstance(big, nn.Conv2d) else "out_features"
+        assert getattr(small, out) == getattr(big, out) // 8, small
+    assert getattr(layers(narrow)[0], "in_channels", 3) == 3  # the images' channels stay
+    assert (narrow.head.in_features, narrow.head.out_features) == (full.head.in_features // 8, 10)
+    assert narrow(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_a_model_of_fixed_width_refuses_another_in_one_line_naming_those_that_narrow():
+    with pytest.raises(UsageError, match=r"^model vgg16 comes at its full width only .*: cnn, cnn_bn, mlp, resnet10"):
+        build_model("vgg16", 3, 32, 32, 10, width_multiplier=0.5)
+    assert build_model("resnet9", 3, 32, 32, 10, width_multiplier=1.0).head.in_features == 256

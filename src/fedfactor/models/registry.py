@@ -6,6 +6,7 @@ The model files (nets.py, vision.py, resnets.py) register their factories here; 
 
 from __future__ import annotations
 
+import inspect
 import numbers
 from typing import Callable
 
@@ -34,21 +35,36 @@ class HeadedModel(nn.Module):
         return self.head(self.body(x))
 
 
+def scaled(n: int, multiplier: float) -> int:
+    """A layer's `n` channels or units at `multiplier` times the width: at least 1."""
+    return max(1, round(n * multiplier))
+
+
 def build_model(
-    name: str, channels: int, height: int, width: int, num_classes: int, pretrained: bool = False
+    name: str, channels: int, height: int, width: int, num_classes: int, pretrained: bool = False,
+    width_multiplier: float = 1.0,
 ) -> nn.Module:
     """Build a freshly initialised model; the caller seeds torch beforehand.
 
     pretrained: load torchvision's ImageNet weights into all but the head (resnet18, vgg16 only).
+    width_multiplier: every hidden layer's channels or units times this, for the models whose factory
+    takes `multiplier` (resnet9, the resnets, the CNNs, the MLP).
     """
     factory = MODELS.get(name)
+    kwargs = {}
+    if width_multiplier != 1.0:
+        if "multiplier" not in inspect.signature(factory).parameters:
+            raise UsageError(f"model {name} comes at its full width only (model.width_multiplier=1); "
+                             "a narrower one: " + ", ".join(n for n in MODELS.names()
+                                                          if "multiplier" in inspect.signature(MODELS.get(n)).parameters))
+        kwargs["multiplier"] = width_multiplier
     sizes = {"channels": channels, "height": height, "width": width, "num_classes": num_classes}
     for what, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise UsageError(f"model {what} must be an integer >= 1 (got {value!r})")
     if pretrained:
         check_pretrained(name, channels)
-    model = factory(*(int(v) for v in sizes.values()))
+    model = factory(*(int(v) for v in sizes.values()), **kwargs)
     if pretrained:
         load_imagenet_weights(name, model)
     return model

@@ -18,27 +18,29 @@ from collections import OrderedDict
 
 from torch import nn
 
-from .registry import MODELS, HeadedModel
+from .registry import MODELS, HeadedModel, scaled
 
 
-def _stem(channels: int, style: str) -> list[tuple[str, nn.Module]]:
+def _stem(channels: int, style: str, out: int) -> list[tuple[str, nn.Module]]:
     if style == "imagenet":
-        conv = nn.Conv2d(channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
+        conv = nn.Conv2d(channels, out, kernel_size=7, stride=2, padding=3, bias=False)
         pool = [("maxpool", nn.MaxPool2d(kernel_size=3, stride=2, padding=1))]
     else:
-        conv = nn.Conv2d(channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        conv = nn.Conv2d(channels, out, kernel_size=3, stride=1, padding=1, bias=False)
         pool = []
-    return [("conv1", conv), ("bn1", nn.BatchNorm2d(64)), ("relu", nn.ReLU(inplace=True)), *pool]
+    return [("conv1", conv), ("bn1", nn.BatchNorm2d(out)), ("relu", nn.ReLU(inplace=True)), *pool]
 
 
-def small_resnet(widths: tuple[int, ...], channels: int, num_classes: int, stem: str = "imagenet") -> HeadedModel:
-    """One BasicBlock per stage of `widths` channels; every stage after the first halves the size."""
+def small_resnet(widths: tuple[int, ...], channels: int, num_classes: int, stem: str = "imagenet",
+                 multiplier: float = 1.0) -> HeadedModel:
+    """One BasicBlock per stage of `widths` channels (times `multiplier`); every stage after the first
+    halves the size."""
     # imported here: torchvision.models costs every job over a second to import (models/vision.py)
     from torchvision.models.resnet import BasicBlock, conv1x1
 
-    parts = _stem(channels, stem)
-    inplanes = 64
-    for i, width in enumerate(widths):
+    inplanes = scaled(64, multiplier)
+    parts = _stem(channels, stem, inplanes)
+    for i, width in enumerate(scaled(w, multiplier) for w in widths):
         stride = 1 if i == 0 else 2
         downsample = None
         if stride != 1 or inplanes != width:
@@ -58,20 +60,20 @@ RESNET8, RESNET10 = (64, 128, 256), (64, 128, 256, 512)
 
 
 @MODELS.register("resnet8", "FedDecomp's ResNet-8 (CIFAR-10): 3 stages of one BasicBlock, ImageNet stem")
-def resnet8(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
-    return small_resnet(RESNET8, channels, num_classes, "imagenet")
+def resnet8(channels: int, height: int, width: int, num_classes: int, multiplier: float = 1.0) -> nn.Module:
+    return small_resnet(RESNET8, channels, num_classes, "imagenet", multiplier)
 
 
 @MODELS.register("resnet10", "FedDecomp's ResNet-10 (CIFAR-100, Tiny-ImageNet): 4 stages, ImageNet stem")
-def resnet10(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
-    return small_resnet(RESNET10, channels, num_classes, "imagenet")
+def resnet10(channels: int, height: int, width: int, num_classes: int, multiplier: float = 1.0) -> nn.Module:
+    return small_resnet(RESNET10, channels, num_classes, "imagenet", multiplier)
 
 
 @MODELS.register("resnet8_cifar", "ResNet-8 with a CIFAR stem (3x3 stride-1 conv, no max-pool)")
-def resnet8_cifar(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
-    return small_resnet(RESNET8, channels, num_classes, "cifar")
+def resnet8_cifar(channels: int, height: int, width: int, num_classes: int, multiplier: float = 1.0) -> nn.Module:
+    return small_resnet(RESNET8, channels, num_classes, "cifar", multiplier)
 
 
 @MODELS.register("resnet10_cifar", "ResNet-10 with a CIFAR stem (3x3 stride-1 conv, no max-pool)")
-def resnet10_cifar(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
-    return small_resnet(RESNET10, channels, num_classes, "cifar")
+def resnet10_cifar(channels: int, height: int, width: int, num_classes: int, multiplier: float = 1.0) -> nn.Module:
+    return small_resnet(RESNET10, channels, num_classes, "cifar", multiplier)
