@@ -5,7 +5,9 @@ each runs here as a smoke study (config/scale/smoke.yaml: `smoke: true` swaps ev
 synthetic data of its shape and classes), one seed, one round (the scale file's two would double the
 training, the most of this file's time; every rule runs either way), its first scenario and a few of its
 methods (one implemented method and, where it lists one, a method not implemented yet, which must be
-skipped with a note), with fewer clients and samples where the paper's setting would take minutes.
+skipped with a note), with fewer clients and samples where the paper's setting would take minutes, and
+ResNet-9 and FedDecomp's ResNets at 1/8 of their width (conftest.SMOKE_WIDTH; torchvision's ResNet-18
+and VGG-16, FedFac's, come at full width only and train 4 clients).
 Every rule of the DAG runs: data, partition, train, diagnostics, tables, paper tables, claims,
 figures. The outputs must say they are a smoke run.
 """
