@@ -119,3 +119,5 @@ def test_a_model_of_fixed_width_refuses_another_in_one_line_naming_those_that_na
     with pytest.raises(UsageError, match=r"^model vgg16 comes at its full width only .*: cnn, cnn_bn, mlp, resnet10"):
         build_model("vgg16", 3, 32, 32, 10, width_multiplier=0.5)
     assert build_model("resnet9", 3, 32, 32, 10, width_multiplier=1.0).head.in_features == 256
+    # however narrow, every layer keeps a unit
+    assert build_model("mlp", 1, 8, 8, 10, width_multiplier=0.001).head.in_features == 1

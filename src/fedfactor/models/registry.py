@@ -40,6 +40,11 @@ def scaled(n: int, multiplier: float) -> int:
     return max(1, round(n * multiplier))
 
 
+def _narrows(factory: ModelFactory) -> bool:
+    """Whether the factory builds its model at other widths (takes `multiplier`)."""
+    return "multiplier" in inspect.signature(factory).parameters
+
+
 def build_model(
     name: str, channels: int, height: int, width: int, num_classes: int, pretrained: bool = False,
     width_multiplier: float = 1.0,
@@ -53,10 +58,10 @@ def build_model(
     factory = MODELS.get(name)
     kwargs = {}
     if width_multiplier != 1.0:
-        if "multiplier" not in inspect.signature(factory).parameters:
+        if not _narrows(factory):
+            narrow = ", ".join(n for n in MODELS.names() if _narrows(MODELS.get(n)))
             raise UsageError(f"model {name} comes at its full width only (model.width_multiplier=1); "
-                             "a narrower one: " + ", ".join(n for n in MODELS.names()
-                                                          if "multiplier" in inspect.signature(MODELS.get(n)).parameters))
+                             f"a narrower one: {narrow}")
         kwargs["multiplier"] = width_multiplier
     sizes = {"channels": channels, "height": height, "width": width, "num_classes": num_classes}
     for what, value in sizes.items():
