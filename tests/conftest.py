@@ -22,6 +22,20 @@ TINY = [
 # methods as in the paper, at 1/64 of the multiply-adds; full width is what the paper-scale rehearsals
 # (tests/test_plan.py) and the models' own tests run.
 SMOKE_WIDTH = 0.125
+# Run config -> what keeps one of its smoke jobs to seconds on a CPU, for the study smoke runs
+# (tests/test_study_smoke.py) and every baseline under its study's protocol
+# (tests/methods/test_in_studies.py). The study's own scenario settings stay: class-group presets
+# need their number of clients, FedDecomp's E_lora sweep its epochs.
+SMOKE_SCALE = {
+    "factorized_fl.yaml": {"fl": {"epochs": 1}, "model": {"width_multiplier": SMOKE_WIDTH}},
+    "simfed.yaml": {"fl": {"epochs": 1}, "model": {"width_multiplier": SMOKE_WIDTH}},
+    # 300 images for 100 clients would leave some without test images; no internet for ImageNet weights
+    "fedfac.yaml": {"fl": {"epochs": 1, "clients": 4}, "model": {"pretrained": False}},
+    "feddecomp.yaml": {"fl": {"clients": 4}, "model": {"width_multiplier": SMOKE_WIDTH},
+                       "partition": {"samples_per_client": {"train": 10, "val": 4, "test": 4}}},
+    "feddecomp_digits.yaml": {"fl": {"clients": 4}},
+    "digits.yaml": {"fl": {"epochs": 1}},  # the full grid (default_grid.yaml): the default study's run config
+}
 
 
 @pytest.fixture(scope="session")

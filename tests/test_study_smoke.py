@@ -6,7 +6,7 @@ synthetic data of its shape and classes), one seed, one round (the scale file's 
 training, the most of this file's time; every rule runs either way), its first scenario and a few of its
 methods (one implemented method and, where it lists one, a method not implemented yet, which must be
 skipped with a note), with fewer clients and samples where the paper's setting would take minutes, and
-ResNet-9 and FedDecomp's ResNets at 1/8 of their width (conftest.SMOKE_WIDTH; torchvision's ResNet-18
+ResNet-9 and FedDecomp's ResNets at 1/8 of their width (conftest.SMOKE_SCALE; torchvision's ResNet-18
 and VGG-16, FedFac's, come at full width only and train 4 clients).
 Every rule of the DAG runs: data, partition, train, diagnostics, tables, paper tables, claims,
 figures. The outputs must say they are a smoke run.
@@ -30,7 +30,7 @@ import yaml
 
 from fedfactor.methods import METHODS
 
-from .conftest import SMOKE_WIDTH
+from .conftest import SMOKE_SCALE as SCALE
 
 pytestmark = pytest.mark.slow  # every study dry-run in full and smoke-run end to end
 
@@ -38,17 +38,6 @@ REPO = Path(__file__).resolve().parents[1]
 STUDIES = sorted((REPO / "config" / "studies").glob("*.yaml"))
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 SMOKE_TITLE = "SMOKE RUN on synthetic data — not results"
-# Run config -> what keeps one of its jobs to seconds on a CPU (the study's own scenario settings
-# stay: class-group presets need their number of clients, FedDecomp's E_lora sweep its epochs).
-SCALE = {
-    "factorized_fl.yaml": {"fl": {"epochs": 1}, "model": {"width_multiplier": SMOKE_WIDTH}},
-    "simfed.yaml": {"fl": {"epochs": 1}, "model": {"width_multiplier": SMOKE_WIDTH}},
-    # 300 images for 100 clients would leave some without test images; no internet for ImageNet weights
-    "fedfac.yaml": {"fl": {"epochs": 1, "clients": 4}, "model": {"pretrained": False}},
-    "feddecomp.yaml": {"fl": {"clients": 4}, "model": {"width_multiplier": SMOKE_WIDTH}, "partition": {"samples_per_client": {"train": 10, "val": 4, "test": 4}}},
-    "feddecomp_digits.yaml": {"fl": {"clients": 4}},
-    "digits.yaml": {"fl": {"epochs": 1}},
-}
 
 
 def _snakemake(*args, timeout=900, env=None):

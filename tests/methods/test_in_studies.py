@@ -5,7 +5,7 @@ and each paper's own methods have their protocol tests; this runs every baseline
 once per run config, in this process: the study's first scenario
 under the study's run config (the paper's protocol: splits, test pool, evaluated model, reported
 number), scaled down as the smoke runs are (synthetic data of the dataset's shape, one round, the
-run config's scale from tests/test_study_smoke.py, the ResNets at 1/8 width), with the study's own
+run config's scale from tests/conftest.py, the ResNets at 1/8 width), with the study's own
 hyperparameters. A method and run config pair is run once, from the first study that lists it.
 """
 
@@ -22,7 +22,7 @@ from fedfactor.simulator import Simulator
 from fedfactor.methods import METHODS
 from fedfactor.workflow import method_sets, run_sets, scenario_overrides
 
-from ..conftest import SMOKE_WIDTH
+from ..conftest import SMOKE_SCALE
 
 pytestmark = pytest.mark.slow  # a training round per baseline and study protocol
 
@@ -31,19 +31,11 @@ STUDIES = sorted((REPO / "config" / "studies").glob("*.yaml"))
 # The comparison methods of the papers' tables (registered names).
 BASELINES = {"fedper", "lg_fedavg", "fedrep", "fedbn", "per_fedavg", "per_fedavg_hf", "clustered_fl", "fedfomo",
              "pfedpara", "fedem", "fedamp", "fedrod", "pfedsd", "pfedgate", "fedcac", "agnostic_fl"}
-# What keeps a run to seconds on a CPU, per run config: tests/test_study_smoke.py's scale (the
-# scenarios' own settings stay: class-group presets need their number of clients, FedDecomp's E_lora
-# its epochs), one round.
-SCALE = {
-    "factorized_fl.yaml": {"fl": {"epochs": 1}, "model": {"width_multiplier": SMOKE_WIDTH}},
-    # SimFed's 20-domain split keeps 5 % for validation: of 300 synthetic images some domains would get
-    # none, and FedFOMO needs validation data (the real CIFAR-100 gives each about 150)
-    "simfed.yaml": {"fl": {"epochs": 1}, "model": {"width_multiplier": SMOKE_WIDTH}, "data": {"split": [0.7, 0.15, 0.15]}},
-    "fedfac.yaml": {"fl": {"epochs": 1, "clients": 4}, "model": {"pretrained": False}},
-    "feddecomp.yaml": {"fl": {"clients": 4}, "model": {"width_multiplier": SMOKE_WIDTH}, "partition": {"samples_per_client": {"train": 10, "val": 4, "test": 4}}},
-    "feddecomp_digits.yaml": {"fl": {"clients": 4}},
-    "digits.yaml": {"fl": {"epochs": 1}},  # the full grid (default_grid.yaml): the default study's run config
-}
+# What keeps a run to seconds on a CPU, per run config: the smoke runs' scale (tests/conftest.py), one
+# round. SimFed's 20-domain split keeps 5 % for validation: of 300 synthetic images some domains would
+# get none, and FedFOMO needs validation data (the real CIFAR-100 gives each about 150).
+SCALE = {**SMOKE_SCALE,
+         "simfed.yaml": {**SMOKE_SCALE["simfed.yaml"], "data": {"split": [0.7, 0.15, 0.15]}}}
 
 
 def _cases():
