@@ -30,7 +30,7 @@ SMOKE_SCALE = {
     "factorized_fl.yaml": {"fl": {"epochs": 1}, "model": {"width_multiplier": SMOKE_WIDTH}},
     "simfed.yaml": {"fl": {"epochs": 1}, "model": {"width_multiplier": SMOKE_WIDTH}},
     # 300 images for 100 clients would leave some without test images; no internet for ImageNet weights
-    "fedfac.yaml": {"fl": {"epochs": 1, "clients": 4}, "model": {"pretrained": False}},
+    "fedfac.yaml": {"fl": {"epochs": 1, "clients": 4}, "model": {"pretrained": False, "width_multiplier": SMOKE_WIDTH}},
     "feddecomp.yaml": {"fl": {"clients": 4}, "model": {"width_multiplier": SMOKE_WIDTH},
                        "partition": {"samples_per_client": {"train": 10, "val": 4, "test": 4}}},
     "feddecomp_digits.yaml": {"fl": {"clients": 4}},

@@ -6,8 +6,7 @@ synthetic data of its shape and classes), one seed, one round (the scale file's 
 training, the most of this file's time; every rule runs either way), its first scenario and a few of its
 methods (one implemented method and, where it lists one, a method not implemented yet, which must be
 skipped with a note), with fewer clients and samples where the paper's setting would take minutes, and
-ResNet-9 and FedDecomp's ResNets at 1/8 of their width (conftest.SMOKE_SCALE; torchvision's ResNet-18
-and VGG-16, FedFac's, come at full width only and train 4 clients).
+every model at 1/8 of its width (conftest.SMOKE_SCALE).
 Every rule of the DAG runs: data, partition, train, diagnostics, tables, paper tables, claims,
 figures. The outputs must say they are a smoke run.
 """
@@ -191,7 +190,7 @@ def test_fedfac_table2_leaf_rows_run_as_smoke_runs_with_the_paper_numbers_beside
     study = yaml.safe_load(path.read_text())
     methods = ["fedavg", "fedprox", "fedper", "lg_fedavg", "fedem", "fedrep", "fedfac", "fedfac_static"]
     extra = tmp_path / "leaf.yaml"
-    overrides = {"fl": {"rounds": 1, **SCALE["fedfac.yaml"]["fl"]}, "model": {"pretrained": False}}
+    overrides = {"fl": {"rounds": 1, **SCALE["fedfac.yaml"]["fl"]}, "model": SCALE["fedfac.yaml"]["model"]}
     extra.write_text(json.dumps({"results": str(tmp_path / "results"), "data_root": str(tmp_path / "data"),
                                  "select": {"scenarios": ["femnist", "shakespeare"], "methods": methods},
                                  "overrides": overrides, "runs_per_job": len(methods), "threads_per_job": 1}))

@@ -116,7 +116,7 @@ class ModelConfig(Section):
     pretrained: bool = False
     # Every layer's channels or units times this (at least 1 each; the head's outputs stay the classes):
     # the tests' smoke runs train the papers' architectures at 1/8 width, in seconds. Full width (1)
-    # is every paper's, and the models of torchvision and the LSTM have only that.
+    # is every paper's, and the only one the ImageNet weights fit.
     width_multiplier: Float = Field(1.0, gt=0, le=1)
 
     @model_serializer(mode="wrap")

@@ -99,12 +99,15 @@ def test_bad_model_requests():
         build_model("mlp", 3, 32, 32, 0)
 
 
-NARROW = ["resnet9", "cnn", "cnn_bn", "mlp", "resnet8", "resnet10", "resnet8_cifar", "resnet10_cifar"]
+NARROW = ["resnet9", "cnn", "cnn_bn", "mlp", "resnet8", "resnet10", "resnet8_cifar", "resnet10_cifar", "resnet18",
+          "vgg16", "femnist_cnn", "femnist_cnn_softmax"]
 
 
 @pytest.mark.parametrize("name", NARROW)
 def test_a_narrower_model_keeps_every_layer_and_name_with_an_eighth_of_the_channels(name):
-    full, narrow = build_model(name, 3, 32, 32, 10), build_model(name, 3, 32, 32, 10, width_multiplier=0.125)
+    with torch.device("meta"):  # shapes only: VGG-16's full-width weights take seconds to draw
+        full = build_model(name, 3, 32, 32, 10)
+    narrow = build_model(name, 3, 32, 32, 10, width_multiplier=0.125)
     assert list(full.state_dict()) == list(narrow.state_dict())  # the methods find the same layers
     layers = lambda m: [x for x in m.body.modules() if isinstance(x, (nn.Conv2d, nn.Linear))]  # noqa: E731
     for small, big in zip(layers(narrow), layers(full), strict=True):
@@ -115,9 +118,22 @@ def test_a_narrower_model_keeps_every_layer_and_name_with_an_eighth_of_the_chann
     assert narrow(torch.randn(2, 3, 32, 32)).shape == (2, 10)
 
 
-def test_a_model_of_fixed_width_refuses_another_in_one_line_naming_those_that_narrow():
-    with pytest.raises(UsageError, match=r"^model vgg16 comes at its full width only .*: cnn, cnn_bn, mlp, resnet10"):
-        build_model("vgg16", 3, 32, 32, 10, width_multiplier=0.5)
+def test_the_lstm_narrows_its_lstms_and_fc_and_keeps_its_embedding_and_names():
+    full, narrow = build_model("char_lstm", 1, 1, 20, 80), build_model("char_lstm", 1, 1, 20, 80, width_multiplier=0.125)
+    assert list(full.state_dict()) == list(narrow.state_dict())
+    assert narrow.body.embedding.weight.shape == full.body.embedding.weight.shape == (100, 8)
+    assert (narrow.body.lstm1.hidden_size, narrow.body.lstm2.hidden_size, narrow.body.lstm2.input_size) == (32, 32, 32)
+    assert (narrow.body.fc1.in_features, narrow.body.fc1.out_features, narrow.head.in_features) == (32, 64, 64)
+    assert narrow(torch.randint(0, 100, (2, 1, 1, 20)).float()).shape == (2, 80)
+
+
+def test_imagenet_weights_are_refused_at_another_width_in_one_line_before_anything_is_built(monkeypatch):
+    from fedfactor.models import registry
+
+    monkeypatch.setattr(registry, "load_imagenet_weights", lambda *a: pytest.fail("weights loaded"))
+    monkeypatch.setitem(registry.MODELS._entries, "vgg16", (lambda *a, **k: pytest.fail("model built"), ""))
+    with pytest.raises(UsageError, match=r"^the ImageNet weights of vgg16 fit its full width only; set model\.pretrained"):
+        build_model("vgg16", 3, 32, 32, 10, pretrained=True, width_multiplier=0.5)
     assert build_model("resnet9", 3, 32, 32, 10, width_multiplier=1.0).head.in_features == 256
     # however narrow, every layer keeps a unit
     assert build_model("mlp", 1, 8, 8, 10, width_multiplier=0.001).head.in_features == 1

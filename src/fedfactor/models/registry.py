@@ -6,7 +6,6 @@ The model files (nets.py, vision.py, resnets.py) register their factories here; 
 
 from __future__ import annotations
 
-import inspect
 import numbers
 from typing import Callable
 
@@ -17,7 +16,8 @@ from ..errors import UsageError
 from ..registry import Registry
 from .pretrained import check_pretrained, load_imagenet_weights
 
-ModelFactory = Callable[[int, int, int, int], nn.Module]
+# (channels, height, width, num_classes, multiplier=1.0): every layer's width times multiplier
+ModelFactory = Callable[..., nn.Module]
 MODELS: Registry[ModelFactory] = Registry("model")
 
 
@@ -40,11 +40,6 @@ def scaled(n: int, multiplier: float) -> int:
     return max(1, round(n * multiplier))
 
 
-def _narrows(factory: ModelFactory) -> bool:
-    """Whether the factory builds its model at other widths (takes `multiplier`)."""
-    return "multiplier" in inspect.signature(factory).parameters
-
-
 def build_model(
     name: str, channels: int, height: int, width: int, num_classes: int, pretrained: bool = False,
     width_multiplier: float = 1.0,
@@ -52,24 +47,19 @@ def build_model(
     """Build a freshly initialised model; the caller seeds torch beforehand.
 
     pretrained: load torchvision's ImageNet weights into all but the head (resnet18, vgg16 only).
-    width_multiplier: every hidden layer's channels or units times this, for the models whose factory
-    takes `multiplier` (resnet9, the resnets, the CNNs, the MLP).
+    width_multiplier: every hidden layer's channels or units times this (every factory's `multiplier`).
     """
     factory = MODELS.get(name)
-    kwargs = {}
-    if width_multiplier != 1.0:
-        if not _narrows(factory):
-            narrow = ", ".join(n for n in MODELS.names() if _narrows(MODELS.get(n)))
-            raise UsageError(f"model {name} comes at its full width only (model.width_multiplier=1); "
-                             f"a narrower one: {narrow}")
-        kwargs["multiplier"] = width_multiplier
     sizes = {"channels": channels, "height": height, "width": width, "num_classes": num_classes}
     for what, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise UsageError(f"model {what} must be an integer >= 1 (got {value!r})")
     if pretrained:
         check_pretrained(name, channels)
-    model = factory(*(int(v) for v in sizes.values()), **kwargs)
+        if width_multiplier != 1.0:
+            raise UsageError(f"the ImageNet weights of {name} fit its full width only; set model.pretrained: false "
+                             f"or model.width_multiplier: 1 (got {width_multiplier})")
+    model = factory(*(int(v) for v in sizes.values()), multiplier=width_multiplier)
     if pretrained:
         load_imagenet_weights(name, model)
     return model

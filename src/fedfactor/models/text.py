@@ -25,22 +25,22 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from .registry import MODELS, HeadedModel
+from .registry import MODELS, HeadedModel, scaled
 
 VOCABULARY = string.printable  # character id i is VOCABULARY[i]
 EMBED_SIZE, HIDDEN_SIZE, FC_SIZE = 8, 256, 512
 
 
 class CharBody(nn.Module):
-    """Token ids [B, 1, 1, T] -> the fc1 features of the last time step, [B, 512]."""
+    """Token ids [B, 1, 1, T] -> the fc1 features of the last time step, [B, fc] (512)."""
 
-    def __init__(self, vocab_size: int = len(VOCABULARY)):
+    def __init__(self, vocab_size: int = len(VOCABULARY), hidden: int = HIDDEN_SIZE, fc: int = FC_SIZE):
         super().__init__()
         self.vocab_size = vocab_size
         self.embedding = nn.Embedding(vocab_size, EMBED_SIZE)
-        self.lstm1 = nn.LSTM(EMBED_SIZE, HIDDEN_SIZE, batch_first=True)
-        self.lstm2 = nn.LSTM(HIDDEN_SIZE, HIDDEN_SIZE, batch_first=True)
-        self.fc1 = nn.Linear(HIDDEN_SIZE, FC_SIZE)
+        self.lstm1 = nn.LSTM(EMBED_SIZE, hidden, batch_first=True)
+        self.lstm2 = nn.LSTM(hidden, hidden, batch_first=True)
+        self.fc1 = nn.Linear(hidden, fc)
         self.relu = nn.ReLU()
         self.dropout = nn.Dropout(0.5)
 
@@ -59,8 +59,10 @@ class CharBody(nn.Module):
 
 @MODELS.register("char_lstm", "FedFac's Shakespeare model (official NextCharacterLSTM): embedding 8, 2 LSTM layers "
                  "of 256, fc 512, dropout; token ids [B,1,1,T], next character from the last step")
-def char_lstm(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
+def char_lstm(channels: int, height: int, width: int, num_classes: int, multiplier: float = 1.0) -> nn.Module:
     if channels != 1 or height != 1:
         raise UsageError(f"char_lstm takes token sequences of shape 1x1xlength (got {channels}x{height}x{width}); "
                          "use it with a token dataset")
-    return HeadedModel(CharBody(), nn.Linear(FC_SIZE, num_classes))
+    # narrower (model.width_multiplier): the LSTMs and fc1; the 8-wide embedding stays
+    hidden, fc = scaled(HIDDEN_SIZE, multiplier), scaled(FC_SIZE, multiplier)
+    return HeadedModel(CharBody(hidden=hidden, fc=fc), nn.Linear(fc, num_classes))

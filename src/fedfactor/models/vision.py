@@ -8,6 +8,10 @@ max-pool; VGG's 7x7 adaptive average pool feeding 25088 -> 4096 -> 4096). FEMNIS
 official `CNNMnist`. Inside `body` the torchvision modules keep their names, so a torchvision state
 dict maps on by putting "body." in front of every key but the classifier's.
 
+At `multiplier` below 1 (model.width_multiplier; the tests' smoke runs) every stage, conv and hidden
+fc is that much narrower, built from torchvision's own blocks with the same names and initialisation;
+the ImageNet weights fit the full width only.
+
 Layer numbering (`weight_layers`, the indices of FedFac's Lambda):
   resnet18     1 = the stem conv, 2..17 = the convs of the eight residual blocks in order, 18 = head.
                The three 1x1 downsample convs are `projections` and not counted, as in the paper, so
@@ -30,7 +34,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from .registry import MODELS, HeadedModel
+from .registry import MODELS, HeadedModel, scaled
 
 
 def _first_conv_for(conv: nn.Conv2d, channels: int) -> nn.Conv2d:
@@ -46,11 +50,29 @@ def _first_conv_for(conv: nn.Conv2d, channels: int) -> nn.Conv2d:
     return new
 
 
+def _narrow_resnet18(tv: nn.Module, multiplier: float) -> None:
+    """Re-make torchvision's ResNet-18 `tv` in place with every stage `multiplier` times as wide, by its
+    own `_make_layer`: the same modules and names, initialised as torchvision initialises them."""
+    from torchvision.models.resnet import BasicBlock
+
+    tv.inplanes = scaled(64, multiplier)  # what _make_layer reads as the next stage's input width
+    tv.conv1 = nn.Conv2d(3, tv.inplanes, 7, 2, 3, bias=False)
+    tv.bn1 = nn.BatchNorm2d(tv.inplanes)
+    for i, planes in enumerate((64, 128, 256, 512)):
+        setattr(tv, f"layer{i + 1}", tv._make_layer(BasicBlock, scaled(planes, multiplier), 2, stride=min(i, 1) + 1))
+    tv.fc = nn.Linear(scaled(512, multiplier), tv.fc.out_features)
+    for m in tv.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+
 @MODELS.register("resnet18", "torchvision ResNet-18 (ImageNet stem), as FedFac's CIFAR-10; ImageNet weights")
-def resnet18(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
+def resnet18(channels: int, height: int, width: int, num_classes: int, multiplier: float = 1.0) -> nn.Module:
     from torchvision import models
 
     tv = models.resnet18(num_classes=num_classes)  # its fc keeps nn.Linear's default init: our head
+    if multiplier != 1.0:
+        _narrow_resnet18(tv, multiplier)
     tv.conv1 = _first_conv_for(tv.conv1, channels)
     # ResNet's stride-2 convs and pools pad enough to keep >= 1 pixel: any input size works
     parts = [(n, m) for n, m in tv.named_children() if n != "fc"] + [("flatten", nn.Flatten())]
@@ -63,18 +85,41 @@ VGG16_MIN_INPUT = 2 ** 5  # five 2x2 max-pools, each halving the size (rounding 
 
 
 @MODELS.register("vgg16", "torchvision VGG-16 (BN), as FedFac's CIFAR-100; 32x32 and up; ImageNet weights")
-def vgg16(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
+def vgg16(channels: int, height: int, width: int, num_classes: int, multiplier: float = 1.0) -> nn.Module:
     m = VGG16_MIN_INPUT
     if height < m or width < m:
         raise UsageError(f"vgg16 needs inputs of at least {m}x{m} pixels (got {height}x{width})")
     from torchvision import models
 
-    tv = models.vgg16_bn()
-    tv.features[0] = _first_conv_for(tv.features[0], channels)
-    body = nn.Sequential(OrderedDict(
-        features=tv.features, avgpool=tv.avgpool, flatten=nn.Flatten(), classifier=tv.classifier[:6]))
+    if multiplier == 1.0:
+        tv = models.vgg16_bn()
+        features, avgpool, classifier = tv.features, tv.avgpool, tv.classifier[:6]
+    else:
+        features, avgpool, classifier = _narrow_vgg16(multiplier)
+    features[0] = _first_conv_for(features[0], channels)
+    body = nn.Sequential(OrderedDict(features=features, avgpool=avgpool, flatten=nn.Flatten(), classifier=classifier))
     # a fresh nn.Linear, as the official code's replacement of classifier[6] (not VGG's N(0, 0.01))
-    return HeadedModel(body, nn.Linear(4096, num_classes))
+    return HeadedModel(body, nn.Linear(classifier[3].out_features, num_classes))
+
+
+def _narrow_vgg16(multiplier: float) -> tuple[nn.Sequential, nn.Module, nn.Sequential]:
+    """torchvision's VGG-16 (BN) features, pool and classifier (less its last Linear) with every conv
+    and hidden fc `multiplier` times as wide: its own `make_layers` and layout, initialised as VGG
+    initialises (built directly: the full-width classifier alone holds 120M weights)."""
+    from torchvision.models.vgg import cfgs, make_layers
+
+    features = make_layers([v if v == "M" else scaled(int(v), multiplier) for v in cfgs["D"]], batch_norm=True)
+    hidden = scaled(4096, multiplier)
+    classifier = nn.Sequential(nn.Linear(scaled(512, multiplier) * 7 * 7, hidden), nn.ReLU(True), nn.Dropout(),
+                               nn.Linear(hidden, hidden), nn.ReLU(True), nn.Dropout())
+    for m in [*features, *classifier]:
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, 0, 0.01)
+            nn.init.zeros_(m.bias)
+    return features, nn.AdaptiveAvgPool2d((7, 7)), classifier
 
 
 def _femnist_cnn_out_size(size: int) -> int:
@@ -87,7 +132,7 @@ def femnist_cnn_min_input() -> int:
 
 
 @MODELS.register("femnist_cnn", "FedFac's FEMNIST CNN (official CNNMnist): 2 unpadded 5x5 conv, fc 512, dropout")
-def femnist_cnn(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
+def femnist_cnn(channels: int, height: int, width: int, num_classes: int, multiplier: float = 1.0) -> nn.Module:
     """The official CNNMnist without its final Softmax.
 
     The official code feeds softmax outputs to CrossEntropyLoss, a double softmax; our loss is
@@ -97,20 +142,21 @@ def femnist_cnn(channels: int, height: int, width: int, num_classes: int) -> nn.
     if min(h, w) < 1:
         m = femnist_cnn_min_input()
         raise UsageError(f"femnist_cnn needs inputs of at least {m}x{m} pixels (got {height}x{width})")
+    c1, c2, fc = (scaled(n, multiplier) for n in (32, 64, 512))
     body = nn.Sequential(
-        nn.Conv2d(channels, 32, 5),
+        nn.Conv2d(channels, c1, 5),
         nn.MaxPool2d(2),
         nn.ReLU(),
-        nn.Conv2d(32, 64, 5),
+        nn.Conv2d(c1, c2, 5),
         nn.Dropout2d(0.5),
         nn.MaxPool2d(2),
         nn.ReLU(),
         nn.Flatten(),
-        nn.Linear(64 * h * w, 512),  # 1024 inputs at 28x28
+        nn.Linear(c2 * h * w, fc),  # 1024 inputs at 28x28
         nn.ReLU(),
         nn.Dropout(0.5),
     )
-    return HeadedModel(body, nn.Linear(512, num_classes))
+    return HeadedModel(body, nn.Linear(fc, num_classes))
 
 
 class _SoftmaxOutput(HeadedModel):
@@ -122,9 +168,10 @@ class _SoftmaxOutput(HeadedModel):
 
 @MODELS.register("femnist_cnn_softmax", "FedFac's FEMNIST CNN as its code runs it: femnist_cnn with a Softmax "
                  "before the cross-entropy (a double softmax)")
-def femnist_cnn_softmax(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
+def femnist_cnn_softmax(channels: int, height: int, width: int, num_classes: int,
+                        multiplier: float = 1.0) -> nn.Module:
     """femnist_cnn with the official CNNMnist's final Softmax (fc2 = Sequential(Linear, Softmax)): the
     official loss, CrossEntropyLoss, applies a second one. Same weights and numbering as femnist_cnn;
     a method that calls the body and head itself (FedRoD, FedEM's components) sees their logits."""
-    plain = femnist_cnn(channels, height, width, num_classes)
+    plain = femnist_cnn(channels, height, width, num_classes, multiplier)
     return _SoftmaxOutput(plain.body, plain.head)
