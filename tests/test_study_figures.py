@@ -124,7 +124,8 @@ def test_smoke_runs_are_titled_and_watermarked_in_every_figure(tmp_path, drawn, 
     else:
         _plain(tmp_path / "runs")
     written = study_figures([tmp_path / "runs"], tmp_path / "figs", title="Study A", smoke=how == "flag")
-    assert len(drawn) == len(written) // 2 == len(ALWAYS + OPTIONAL if how == "dataset" else ALWAYS)
+    assert len(drawn) == len(written) == len(ALWAYS + OPTIONAL if how == "dataset" else ALWAYS)
+    assert {p.suffix for p in (tmp_path / "figs").iterdir()} == {".png"}  # no PDF: it is for no paper
     for title, mark in drawn:
         assert title.startswith(SMOKE_TITLE) and "Study A" in title and mark
 

@@ -166,15 +166,20 @@ def study_figures(summaries: Sequence[str | Path], out_dir: str | Path, title: s
         written += save_figure(fig, out / f"{name}.png")
     if decomp is not None:
         draw_decomposition(decomp, out / "decomp.png", _join(title, titles["decomp"]), smoke, styles)
-        written += [out / "decomp.png", out / "decomp.pdf"]
+        written += _twins(out / "decomp.png")
     if elora is not None:
         draw_elora(elora, out / "elora.png", _join(title, titles["elora"]), smoke)
-        written += [out / "elora.png", out / "elora.pdf"]
+        written += _twins(out / "elora.png")
     for name in OPTIONAL:  # a figure an earlier call drew from runs that had its data
         for stale in (out / f"{name}.png", out / f"{name}.pdf"):
             if stale not in written:
                 stale.unlink(missing_ok=True)
     return written
+
+
+def _twins(png: Path) -> list[Path]:
+    """The PNG save_figure wrote and its PDF twin where it wrote one (not for a smoke run)."""
+    return [p for p in (png, png.with_suffix(".pdf")) if p.exists()]
 
 
 def _join(title: str, what: str) -> str:

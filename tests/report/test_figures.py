@@ -39,10 +39,12 @@ def test_curves_of_runs_on_synthetic_data_say_so(tmp_path):
     out = tmp_path / "curves.png"
     accuracy_curves(load_curves([tmp_path]), out, title="t")
     assert Image.open(out).text["Title"] == f"{SMOKE_TITLE}: t"
+    assert not out.with_suffix(".pdf").exists()  # a smoke run's figure is for no paper: PNG only
     accuracy_curves(load_curves([tmp_path / "a/fedavg/0"]), out)
-    assert "Title" not in Image.open(out).text
+    assert "Title" not in Image.open(out).text and out.with_suffix(".pdf").exists()
     accuracy_curves(load_curves([tmp_path / "a/fedavg/0"]), out, smoke=True)
     assert Image.open(out).text["Title"] == SMOKE_TITLE
+    assert not out.with_suffix(".pdf").exists()  # the earlier PDF would disagree with the PNG: removed
 
 
 def test_a_figure_file_must_be_png_or_pdf(tmp_path):

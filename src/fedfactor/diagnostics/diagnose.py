@@ -34,7 +34,7 @@ import pandas as pd
 
 from ..errors import UsageError
 from ..io import atomic_write_text
-from ..report.figures import save_figure
+from ..report.figures import decorate, is_synthetic, save_figure
 from .figures import communalities_fig, eigenvalues_fig, split_history_fig, stability_fig
 from .layer_analysis import COLUMNS, LayerResult, analyse_run, share_columns
 from .runs import RunInfo, read_runs, skip_reason
@@ -81,12 +81,19 @@ def diagnose(run_dirs: Sequence[str | Path], out_dir: str | Path, kappa: float =
     write_text("diagnostics.csv", rows.to_csv(index=False))
     write_text("eigenvalues.csv", curves_frame(layer_results).to_csv(index=False))
     figures = out if figures_dir is None else Path(figures_dir)  # the workflow reports a folder of them
+    smoke = any(is_synthetic(info.run.dataset) for info in runs)
+
+    def write_figure(fig, name: str) -> None:
+        if smoke:  # its title led by SMOKE_TITLE, and the watermark
+            decorate(fig, fig.get_suptitle(), smoke)
+        written.extend(save_figure(fig, figures / name))
+
     for name, draw in (("communalities.png", communalities_fig), ("eigenvalues.png", eigenvalues_fig)):
-        written += save_figure(draw(layer_results, kappa), figures / name)
+        write_figure(draw(layer_results, kappa), name)
     fedfac = [r for r in layer_results if r.history is not None]
     if fedfac:
         for name, draw in (("split_history.png", split_history_fig), ("stability.png", stability_fig)):
-            written += save_figure(draw(fedfac), figures / name)
+            write_figure(draw(fedfac), name)
     write_text("diagnostics.md", to_markdown(rows, skipped, kappa, method, len(runs)))
 
     outcomes = {}

@@ -15,7 +15,8 @@ from typing import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..report.runs import RunKey, find_summaries, read_summary
+from ..report.figures import DatasetKey
+from ..report.runs import find_summaries, read_summary
 from .weights import WEIGHTS_FILE
 
 SHARED_PREFIX, COMMUNALITY_PREFIX = "fedfac.shared.", "fedfac.communality."
@@ -32,7 +33,7 @@ class _Config(BaseModel):
     tracking: _Tracking = Field(default_factory=_Tracking)
 
 
-class DiagnoseRun(RunKey):
+class DiagnoseRun(DatasetKey):
     """The fields `fedfactor diagnose` reads from a summary.json."""
 
     analysed_layers: dict[str, str] | None = None  # {"<paper index>": "<module name>"}

@@ -2,7 +2,9 @@
 
 Every figure is written twice, as PNG (to look at) and PDF (for a paper), by `save_figure`. A figure
 drawn from runs on synthetic data (a smoke run: its summary's dataset starts with "synthetic:")
-carries the title SMOKE_TITLE and a diagonal watermark (`decorate`), so it cannot pass for a result.
+carries the title SMOKE_TITLE and a diagonal watermark (`decorate`), so it cannot pass for a result,
+and is written as PNG only: it is for no paper, and the PDF's font embedding is over half of a
+figure's time.
 """
 
 from __future__ import annotations
@@ -117,9 +119,10 @@ def legend_outside(fig, axes: Iterable, title: str | None = None, where: str = "
 
 
 def save_figure(fig, path: str | Path, pdf: bool = True) -> list[Path]:
-    """Write `fig` to `path` (.png) and, unless `pdf` is false, to a .pdf of the same stem beside it,
-    each atomically, and close it. Returns the files written; the PNG and PDF carry the figure's
-    title as metadata."""
+    """Write `fig` to `path` (.png) and, unless `pdf` is false or the figure is a smoke run's
+    (watermarked by `decorate`), to a .pdf of the same stem beside it, each atomically, and close it;
+    a .pdf left beside it by an earlier drawing is then removed, so the two never disagree.
+    Returns the files written; the PNG and PDF carry the figure's title as metadata."""
     plt = pyplot()
     path = Path(path)
     try:
@@ -127,12 +130,14 @@ def save_figure(fig, path: str | Path, pdf: bool = True) -> list[Path]:
             raise UsageError(f"{path}: a figure's file name must end in .png (a .pdf twin is written beside it)")
         title = fig.get_suptitle()
         data = {path.with_suffix(".png"): _render(fig, "png", {"Title": title} if title else {})}
-        if pdf:  # no date: same runs, same file
+        if pdf and not any(t.get_gid() == WATERMARK_GID for t in fig.texts):  # no date: same runs, same file
             data[path.with_suffix(".pdf")] = _render(fig, "pdf", {"Title": title, "CreationDate": None})
     finally:
         plt.close(fig)
     for target, content in data.items():
         atomic_write_bytes(target, content)
+    if path.with_suffix(".pdf") not in data:
+        path.with_suffix(".pdf").unlink(missing_ok=True)
     return list(data)
 
 
