@@ -143,7 +143,7 @@ def test_tiny_study_runs_end_to_end_and_a_rerun_does_nothing(tmp_path, fedfactor
     exp = client.get_experiment_by_name("fedfactor-tiny")
     assert len(client.search_runs([exp.experiment_id])) == 6
 
-    again = _snakemake("-n", "--configfile", str(study), cwd=tmp_path)
+    again = _snakemake("-n", "--configfile", str(study), cwd=tmp_path, env=fedfactor_env)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
 
     # a changed hyperparameter of one method re-runs that method's jobs (and the reports), nothing else,
@@ -151,7 +151,7 @@ def test_tiny_study_runs_end_to_end_and_a_rerun_does_nothing(tmp_path, fedfactor
     spec = json.loads(study.read_text())
     spec["methods"]["fedavg"] = {"name": "fedprox", "mu": 0.0}
     study.write_text(json.dumps(spec))
-    changed = _snakemake("-n", "--configfile", str(study), cwd=tmp_path)
+    changed = _snakemake("-n", "--configfile", str(study), cwd=tmp_path, env=fedfactor_env)
     assert changed.returncode == 0, changed.stderr + changed.stdout
     jobs = _job_counts(changed.stdout)
     assert jobs["train"] == 2 and "partition" not in jobs and "mlflow_init" not in jobs

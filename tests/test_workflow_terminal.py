@@ -20,10 +20,10 @@ LINE = re.compile(r"^\[\d\d:\d\d:\d\d\] perm/(\w+)/seed(\d): accuracy \d+\.\d\d%
 
 
 def _study(tmp_path):
-    # 12 short rounds: long enough to stop a run in its middle
+    # 6 short rounds, 3 s or more of training: long enough to stop a run in its middle
     run = tmp_path / "run.yaml"
     run.write_text("data: {name: digits}\nmodel: {name: mlp}\n"
-                   "fl: {clients: 4, rounds: 12, epochs: 1, batch_size: 32}\n")
+                   "fl: {clients: 4, rounds: 6, epochs: 1, batch_size: 32}\n")
     study = tmp_path / "study.yaml"
     study.write_text(json.dumps({
         "study": "tiny", "run_config": str(run), "results": str(tmp_path / "results"), "seeds": [0, 1],
