@@ -24,7 +24,7 @@ when the runs hold their data
 each as NAME.png and NAME.pdf. An optional figure whose data is absent is not written, and a copy
 an earlier call left in `out_dir` is removed, so the folder shows exactly what the runs hold.
 Figures of runs on synthetic data (dataset "synthetic:...") or with `smoke` carry the title
-SMOKE_TITLE and a diagonal watermark. Every problem with the runs is one UsageError, raised
+SMOKE_TITLE and a diagonal watermark, and come as NAME.png only. Every problem with the runs is one UsageError, raised
 before any figure is written.
 """
 
