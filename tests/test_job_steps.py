@@ -1,15 +1,20 @@
 """The training job's steps, each alone and fast (tests/test_job.py runs them together as jobs): when a
-checkpoint falls due, what a round leaves behind, and the warnings a degenerate run ends with."""
+checkpoint falls due, what a round leaves behind, the warnings a degenerate run ends with, and the
+checkpoint file read back and checked against its run before a resume."""
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 import fedfactor.job as job
 from fedfactor.config import load_config
+from fedfactor.errors import UsageError
 from fedfactor.records import RoundRecord, Scores
+from fedfactor.simulator import Simulator
 
 from .conftest import TINY
 
@@ -100,3 +105,84 @@ def test_the_methods_warnings_come_first_then_dropped_updates_then_chance():
     assert lines[0] == "matched nobody"
     assert lines[1].startswith("1 client update(s) diverged and were dropped") and "round 2 client 3" in lines[1]
     assert lines[2] == job.chance_warning(0.11, 0.1) and "at or below chance" in lines[2]
+
+
+# -- the checkpoint file: written, read back, and checked against the run before it is resumed
+
+def _saved(tmp_path, *sets):
+    """A tiny run's simulator after its one round, its fingerprint, and its checkpoint written."""
+    cfg = load_config(None, [*TINY, "fl.rounds=1", *sets])
+    sim = Simulator(cfg)
+    sim.run()
+    fp = job.fingerprint(cfg)
+    ck = job._Checkpoints(cfg, tmp_path, sim, fp, [1], SimpleNamespace(run_id="mlflow-run"), "run")
+    ck.save()
+    return sim, fp, ck.path
+
+
+def test_a_checkpoint_reads_back_what_the_run_holds_once_checked_against_it(tmp_path):
+    sim, fp, path = _saved(tmp_path)
+    assert job._checked_checkpoint(tmp_path / "absent.pt", fp, sim) is None  # nothing to resume
+    ckpt = job._checked_checkpoint(path, fp, sim)
+    assert ckpt["version"] == job.CHECKPOINT_VERSION and ckpt["fingerprint"] == fp
+    assert ckpt["resumed"] == [1] and ckpt["mlflow_run_id"] == "mlflow-run"
+    state = ckpt["simulator"]
+    assert state["round"] == sim.round == 1 and len(state["states"]) == len(sim.states)
+    for client, saved in zip(sim.states, state["states"], strict=True):
+        assert client.keys() == saved.keys() and all(torch.equal(t, saved[key]) for key, t in client.items())
+    assert all(torch.equal(t, state["server"][key]) for key, t in sim.server.items() if torch.is_tensor(t))
+
+
+def test_a_checkpoint_of_another_run_is_refused_naming_what_differs(tmp_path):
+    sim, fp, path = _saved(tmp_path)
+    other = job.fingerprint(load_config(None, [*TINY, "fl.rounds=1", "fl.lr=0.5"]))
+    with pytest.raises(UsageError, match=r"belongs to a different run \(fl\.lr 0\.05 -> 0\.5\); use another --out"):
+        job._checked_checkpoint(path, other, sim)
+    moved = {**fp, "partition_sha256": "0" * 64}
+    with pytest.raises(UsageError, match=r"\(the partition file's content\)"):
+        job._checked_checkpoint(path, moved, sim)
+    many = job.fingerprint(load_config(None, [*TINY, "fl.rounds=3", "fl.lr=0.5", "seed=7", "fl.epochs=2"]))
+    assert job._differences(fp, many).count(" -> ") == 3 and job._differences(fp, many).endswith(" and 1 more")
+
+
+def test_a_non_finite_weight_is_refused_and_a_non_finite_entry_that_is_no_weight_is_not(tmp_path):
+    sim, fp, path = _saved(tmp_path)
+    ckpt = torch.load(path, weights_only=True)
+    client = ckpt["simulator"]["states"][0]
+    weight = next(k for k in client if k.endswith("weight"))
+    client["not.a.parameter"] = torch.tensor([float("nan")])  # AgnosticFL's "no loss yet" is one
+    torch.save(ckpt, path)
+    assert job._checked_checkpoint(path, fp, sim) is not None
+    client[weight] = client[weight].clone().fill_(float("inf"))
+    torch.save(ckpt, path)
+    with pytest.raises(UsageError, match=r"holds non-finite model weights \(NaN or inf\): it is damaged; delete it"):
+        job._checked_checkpoint(path, fp, sim)
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda c: c.update(version=job.CHECKPOINT_VERSION + 1), rf"version {job.CHECKPOINT_VERSION + 1}, this fedfactor "
+                                                             rf"reads {job.CHECKPOINT_VERSION}"),
+    (lambda c: c.pop("resumed"), r"no resumed"),
+    (lambda c: (c["simulator"].pop("round"), c["simulator"].pop("server")), r"no simulator\.round, simulator\.server"),
+])
+def test_a_checkpoint_of_another_version_or_missing_a_part_is_refused_in_one_line(tmp_path, damage, says):
+    sim, fp, path = _saved(tmp_path)
+    ckpt = torch.load(path, weights_only=True)
+    damage(ckpt)
+    torch.save(ckpt, path)
+    with pytest.raises(UsageError, match=rf"^checkpoint {re.escape(str(path))} cannot be resumed \({says}\); "
+                                         r"delete it to start the run over$"):
+        job.load_checkpoint(path, torch.device("cpu"))
+
+
+def test_a_file_that_is_no_checkpoint_is_refused_without_torchs_advice_to_run_it(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(b"")
+    with pytest.raises(UsageError, match=r"cannot be resumed \(EOFError\)"):  # an empty file says nothing else
+        job.load_checkpoint(path, torch.device("cpu"))
+    torch.save({"version": 1, "code": SimpleNamespace(x=1)}, path)  # a pickled object, not plain data
+    with pytest.raises(UsageError) as refused:
+        job.load_checkpoint(path, torch.device("cpu"))
+    message = str(refused.value)
+    assert "(not a checkpoint of tensors and plain data: WeightsUnpickler error: Unsupported global: GLOBAL " \
+           "types.SimpleNamespace" in message and "weights_only" not in message
