@@ -164,7 +164,7 @@ def test_a_non_finite_weight_is_refused_and_a_non_finite_entry_that_is_no_weight
                                                              rf"reads {job.CHECKPOINT_VERSION}"),
     (lambda c: c.pop("resumed"), r"no resumed"),
     (lambda c: (c["simulator"].pop("round"), c["simulator"].pop("server")), r"no simulator\.round, simulator\.server"),
-])
+], ids=["another version", "no resumed", "no round and no server"])
 def test_a_checkpoint_of_another_version_or_missing_a_part_is_refused_in_one_line(tmp_path, damage, says):
     sim, fp, path = _saved(tmp_path)
     ckpt = torch.load(path, weights_only=True)
@@ -184,5 +184,6 @@ def test_a_file_that_is_no_checkpoint_is_refused_without_torchs_advice_to_run_it
     with pytest.raises(UsageError) as refused:
         job.load_checkpoint(path, torch.device("cpu"))
     message = str(refused.value)
-    assert "(not a checkpoint of tensors and plain data: WeightsUnpickler error: Unsupported global: GLOBAL " \
-           "types.SimpleNamespace" in message and "weights_only" not in message
+    # what torch says of the object it refused, without its advice (its wording varies with the version)
+    assert "(not a checkpoint of tensors and plain data: " in message and "types.SimpleNamespace" in message
+    assert "weights_only" not in message and "safe_globals" not in message
