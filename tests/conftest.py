@@ -100,3 +100,22 @@ def snakemake_in_process(*argv: str) -> str:
         os.chdir(cwd)
     assert ok, out.getvalue()[-3000:]
     return out.getvalue()
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """(title, has a watermark) of every figure rendered to PNG, in the order they were saved."""
+    from matplotlib.figure import Figure
+
+    from fedfactor.report.figures import is_watermarked
+
+    seen = []
+    savefig = Figure.savefig
+
+    def spy(self, fname, *args, **kwargs):
+        if kwargs.get("format") == "png":
+            seen.append((self.get_suptitle(), is_watermarked(self)))
+        return savefig(self, fname, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    return seen

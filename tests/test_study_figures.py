@@ -5,11 +5,10 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from matplotlib.figure import Figure
 from PIL import Image
 
 from fedfactor.errors import UsageError
-from fedfactor.report.figures import SMOKE_TITLE, WATERMARK_GID, method_styles
+from fedfactor.report.figures import SMOKE_TITLE, method_styles
 from fedfactor.study_figures import ALWAYS, OPTIONAL, _spread_figure, _spread_rows, load_study, study_figures
 
 from .conftest import write_content
@@ -57,21 +56,6 @@ def _everything(root):
     for e in (1, 3):
         _run(root, "iid", f"feddecomp_e{e}", 0, metrics=list(DECOMP),
              config={"name": "feddecomp", "e_lora": e, "training": "alternating"})
-
-
-@pytest.fixture
-def drawn(monkeypatch):
-    """(title, has a watermark) of every figure rendered to PNG, in the order they were saved."""
-    seen = []
-    savefig = Figure.savefig
-
-    def spy(self, fname, *args, **kwargs):
-        if kwargs.get("format") == "png":
-            seen.append((self.get_suptitle(), any(t.get_gid() == WATERMARK_GID for t in self.texts)))
-        return savefig(self, fname, *args, **kwargs)
-
-    monkeypatch.setattr(Figure, "savefig", spy)
-    return seen
 
 
 def _check_files(written, names):

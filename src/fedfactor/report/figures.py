@@ -69,6 +69,11 @@ def decorate(fig, title: str, smoke: bool = False) -> None:
                  color="firebrick", alpha=0.22, zorder=1000, gid=WATERMARK_GID)
 
 
+def is_watermarked(fig) -> bool:
+    """Whether `decorate` marked `fig` as a smoke run's."""
+    return any(t.get_gid() == WATERMARK_GID for t in fig.texts)
+
+
 def method_styles(methods: Sequence[str]) -> dict[str, dict[str, Any]]:
     """A distinct colour and line style per method, the same in every figure of one call.
 
@@ -130,7 +135,7 @@ def save_figure(fig, path: str | Path, pdf: bool = True) -> list[Path]:
             raise UsageError(f"{path}: a figure's file name must end in .png (a .pdf twin is written beside it)")
         title = fig.get_suptitle()
         data = {path.with_suffix(".png"): _render(fig, "png", {"Title": title} if title else {})}
-        if pdf and not any(t.get_gid() == WATERMARK_GID for t in fig.texts):  # no date: same runs, same file
+        if pdf and not is_watermarked(fig):  # no date: same runs, same file
             data[path.with_suffix(".pdf")] = _render(fig, "pdf", {"Title": title, "CreationDate": None})
     finally:
         plt.close(fig)
