@@ -5,7 +5,7 @@ and each paper's own methods have their protocol tests; this runs every baseline
 once per run config, in this process: the study's first scenario
 under the study's run config (the paper's protocol: splits, test pool, evaluated model, reported
 number), scaled down as the smoke runs are (synthetic data of the dataset's shape, one round, the
-run config's scale from tests/conftest.py, the ResNets at 1/8 width), with the study's own
+run config's scale from tests/conftest.py, every model at 1/8 width), with the study's own
 hyperparameters. A method and run config pair is run once, from the first study that lists it.
 """
 
