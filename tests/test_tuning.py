@@ -52,15 +52,36 @@ def test_the_default_study_gives_every_method_the_same_budget():
     t, methods = study["tuning"], study["methods"]
     tuning.check(t, list(methods), list(methods))
     assert {len(tuning.points(t, m)) for m in methods} == {t["points"]}
-    # and the same rounds, epochs and clients: no method's own `run` changes the training budget
-    tuning.check_runs_alike({m: load_config(REPO / study["run_config"], method_sets(tuning.with_values(e, p), m))
-                             for m, e in methods.items() for p in tuning.points(t, m)[:1]})
+    # and the same budget at every point: no method's own `run` changes it
+    tuning.check_runs_alike({f"{m}@p{i}": load_config(REPO / study["run_config"],
+                                                       method_sets(tuning.with_values(e, p), m))
+                             for m, e in methods.items() for i, p in enumerate(tuning.points(t, m))})
 
 
 def test_unequal_training_budgets_are_refused():
     a, b = load_config(None, TINY), load_config(None, [*TINY, "fl.rounds=3"])
-    with pytest.raises(UsageError, match=r"b trains \(3, 1, 4\).*a \(2, 1, 4\)"):
+    with pytest.raises(UsageError, match=r"b trains with fl.rounds=3 against 2 for a: every point"):
         tuning.check_runs_alike({"a": a, "b": b})
+
+
+@pytest.mark.parametrize("key", tuning.BUDGET_KEYS)
+def test_a_budget_key_is_refused_as_a_grid_key(key):
+    grid = {**TUNING, "methods": {"simfed": {key: [1, 2], "tau": [0.5, 0.9]}}}
+    with pytest.raises(UsageError, match=rf"simfed's key '{re.escape(key)}' sets the training budget"):
+        tuning.check(grid, ["fedavg", "simfed"], ["fedavg", "simfed"])
+    with pytest.raises(UsageError, match=rf"fedavg's key '{re.escape(key)}' sets the training budget"):
+        tuning.check({**TUNING, "common": {key: [1, 2, 3, 4]}}, ["fedavg"], ["fedavg", "simfed"])
+
+
+@pytest.mark.parametrize("setting", ["fl.rounds=3", "fl.epochs=2", "fl.batch_size=16", "fl.clients=5",
+                                     "fl.fraction=0.5"])
+def test_a_point_that_differs_in_budget_after_the_first_is_refused(setting):
+    # every point of every method is compared, not each method's first: here the last point differs
+    same = load_config(None, TINY)
+    points = {f"{m}@p{i}": same for m in ("fedavg", "simfed") for i in range(3)}
+    tuning.check_runs_alike(points)
+    with pytest.raises(UsageError, match=rf"simfed@p2 trains with {re.escape(setting.split('=')[0])}="):
+        tuning.check_runs_alike({**points, "simfed@p2": load_config(None, [*TINY, setting])})
 
 
 def test_a_points_values_go_to_the_run_config_or_the_method():
@@ -171,7 +192,8 @@ def test_train_runs_allow_failed_records_a_diverged_run_and_exits_0(tmp_path):
     allowed = subprocess.run([*cmd, "--allow-failed"], capture_output=True, text=True)
     assert allowed.returncode == 0, allowed.stderr
     done = json.loads((tmp_path / "done.json").read_text())
-    assert len(done["failed"]) == 1 and "diverged" in done["failed"][0]
+    assert [f["run"] for f in done["failed"]] == [str(tmp_path / "diverged")]
+    assert "round 1, client 0" in done["failed"][0]["reason"]
     assert (tmp_path / "ok" / "summary.json").exists() and not (tmp_path / "diverged" / "summary.json").exists()
 
 

@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from . import __version__
 from .errors import Interrupted, RunFailed, UsageError
@@ -120,16 +121,19 @@ def cmd_train_runs(args) -> None:
     _finished()
     if args.study:
         _live_figure(args.study)
+    lines = [f"{out}: {why}" for out, why in failures]
     if failures and not args.allow_failed:
         raise RunFailed(f"{len(failures)} of {len(runs)} runs failed (each run's log has the details):\n  "
-                        + "\n  ".join(failures))
-    for line in failures:  # --allow-failed: the failures are results (a tuning point that diverged)
+                        + "\n  ".join(lines))
+    for line in lines:  # --allow-failed: the failures are results (a tuning point that diverged)
         print(f"failed: {line}", file=sys.stderr, flush=True)
     if args.done:
         from .io import atomic_write_json
 
-        done = {"runs": [str(out) for _, out, _ in runs]}
-        atomic_write_json(args.done, {**done, "failed": failures} if args.allow_failed else done)
+        done: dict[str, Any] = {"runs": [str(out) for _, out, _ in runs]}
+        if args.allow_failed:  # each failed run with its reason, which tune_select records
+            done["failed"] = [{"run": str(out), "reason": why} for out, why in failures]
+        atomic_write_json(args.done, done)
 
 
 def _finished() -> None:
@@ -151,7 +155,7 @@ def cmd_tune_select(args) -> None:
         raise UsageError(f"--study is not JSON ({e})") from None
     doc = tuning.select(spec["tuning"], spec["scenarios"], spec["methods"], Path(args.runs),
                         tuning.provenance(spec["study"], os.environ.get(tuning.COMMAND_VARIABLE, "snakemake tune"),
-                                          spec["rounds"], args.out))
+                                          spec["rounds"], args.out), tuning.failure_reasons(args.jobs))
     for out in args.out:
         tuning.write(doc, out)
     for scenario, chosen in doc["chosen"].items():
@@ -488,6 +492,8 @@ def _add_training_commands(sub: argparse._SubParsersAction) -> None:
                    help='{"study", "tuning", "scenarios", "methods", "rounds"} as the workflow passes it; the command '
                         "that asked for it comes from $FEDFACTOR_TUNE_COMMAND")
     p.add_argument("--runs", required=True, metavar="DIR", help="the tuning runs: DIR/SCENARIO/METHOD/pI/seedS")
+    p.add_argument("--jobs", nargs="*", default=[], metavar="FILE",
+                   help="the tuning jobs' --done files, whose failed runs' reasons the chosen values' file records")
     p.add_argument("--out", required=True, nargs="+", metavar="FILE",
                    help="write the chosen values to each FILE: the study's tuning.file and the tuning's own record")
     p.set_defaults(func=cmd_tune_select)

@@ -17,14 +17,20 @@ from .fl.train import Split, derive_seed
 
 def build_partition(cfg: Config, y: np.ndarray, n_official_train: int, num_classes: int,
                     owners: np.ndarray | None = None) -> Partition:
-    """The partition a config describes: seeded split of the pooled data, then per-client shares.
+    """The partition a config describes: the train/val/test cut of the pooled data, then per-client shares.
 
-    `owners` is each sample's natural client (Dataset.owners). Under the kind `natural` each natural
-    client's samples are split on their own (data.split per client), as FedFac splits every client's data.
+    The cut follows data.seed alone, the shares the run seed: every run of a study (its tuning runs
+    too) scores the same test samples and trains on none of them. `owners` is each sample's natural
+    client (Dataset.owners). Under the kind `natural` each natural client's samples are split on their
+    own (data.split per client), as FedFac splits every client's data.
     """
     own = owners if cfg.partition.kind == "natural" else None
-    splits = make_splits(len(y), n_official_train, cfg.data.split, cfg.data.split_mode, seed=cfg.seed, owners=own)
-    return make_partition(y, splits, num_classes, cfg.fl.clients, cfg.partition.spec(), seed=cfg.seed, owners=owners)
+    splits = make_splits(len(y), n_official_train, cfg.data.split, cfg.data.split_mode, seed=cfg.data.seed,
+                         owners=own)
+    partition = make_partition(y, splits, num_classes, cfg.fl.clients, cfg.partition.spec(), seed=cfg.seed,
+                               owners=owners)
+    partition.meta["data_seed"] = cfg.data.seed  # the cut's seed, which a run reading the file must share
+    return partition
 
 
 def head_is_local(head: str, label_maps: np.ndarray) -> bool:
@@ -60,6 +66,11 @@ def read_partition(cfg: Config) -> Partition:
     if part.num_clients != cfg.fl.clients:
         raise UsageError(f"partition {cfg.partition.file} has {part.num_clients} clients "
                          f"but fl.clients is {cfg.fl.clients}")
+    cut = part.meta.get("data_seed")
+    if cut is not None and cut != cfg.data.seed:
+        # another cut's test samples may be this run's train samples
+        raise UsageError(f"partition {cfg.partition.file} was cut with data.seed={cut}, but the run has "
+                         f"data.seed={cfg.data.seed}; make the partition again with the run's data.seed")
     return part
 
 

@@ -59,6 +59,10 @@ class DataConfig(Section):
     # "official" keeps the dataset's own test set as the test pool.
     split: list[Float] = Field(default_factory=lambda: [0.8, 0.1, 0.1])
     split_mode: Literal["pooled", "official"] = "pooled"
+    # The seed of the train/val/test cut, apart from the run seed: every run of a study, its tuning
+    # runs included, cuts the same samples for test, so no tuning run trains or selects on a sample
+    # any final run scores (docs/data.md, "What the seeds fix").
+    seed: Int = Field(0, ge=0, le=MAX_SEED)
     augment: str = "auto"  # "auto" = the dataset's default (crop/flip where it makes sense)
     download: bool = False
 

@@ -33,9 +33,9 @@ import yaml
 from .config import Config, flatten
 from .environment import versions
 from .errors import Interrupted, RunFailed, UsageError
-from .records import RoundRecord
+from .records import RoundRecord, Scores
 from .simulator import Simulator
-from .summary import ACCURACY_FIELDS, summarize
+from .summary import ACCURACY_FIELDS, combined, summarize
 from .methods import build
 from .io import (NO_SPACE, atomic_open, atomic_write_json, atomic_write_npy, atomic_write_text, check_output,
                  folder_lock, full_disk_message, remove_stale_temporaries)
@@ -169,13 +169,15 @@ def stop_signals(sim: Simulator, hold_after: Path | None = None) -> Iterator[Non
             signal.signal(s, signal.SIG_IGN if done else h)
 
 
-def chance_accuracy(sim: Simulator) -> float:
-    """The accuracy a model that always answers its client's most frequent class would report: each
-    scored client's share of that class in the test split it is scored on (its own labels; under
-    eval.test_pool=shared the pooled split inside its task), averaged over clients as `accuracy` is."""
+def chance_accuracy(sim: Simulator, report: str) -> float:
+    """The accuracy a model that always answers its client's most frequent class would report under
+    eval.report `report`: each scored client's count of that class in the test split it is scored on
+    (its own labels; under eval.test_pool=shared the pooled split inside its task), combined over
+    clients as `accuracy` is (summary.combined: the mean of the clients' shares, or under
+    best_weighted the share of all scored samples, where one large skewed client outweighs the rest)."""
     tests = [sim.clients[k]["test"] for k in sim.members]
-    shares = [torch.bincount(split.y).max().item() / len(split) for split in tests]
-    return float(np.mean(shares))
+    majority = np.array([torch.bincount(split.y).max().item() for split in tests])
+    return combined(Scores(majority, np.array([len(split) for split in tests]), 0.0), report)
 
 
 def chance_warning(accuracy: float, chance: float) -> str | None:
@@ -240,13 +242,13 @@ def run_log(path: Path | None) -> Iterator[None]:
 
 def train_runs(runs: list[tuple[Config, Path, Path | None]],
                on_finished: Callable[[Path, float], None] | None = None, since: float | None = None,
-               hold_signals: bool = False) -> list[str]:
+               hold_signals: bool = False) -> list[tuple[Path, str]]:
     """Train (cfg, out, log) runs one after another in this process: the workflow's jobs, which pay
     Python's, torch's and MLflow's start-up once for several runs instead of once per run.
 
     Each run keeps the folder contract of `train`: one whose folder holds the same run finished is
     skipped, an interrupted one resumes from its checkpoint. A run that fails is logged and the next
-    one goes on; the failures come back as "OUT: reason" lines. A stop signal ends the whole batch
+    one goes on; the failures come back as (out, reason) pairs. A stop signal ends the whole batch
     (Interrupted) once the running run has checkpointed. `on_finished(out, seconds)` follows every
     run trained here, with its time since the previous one ended (the first: since `since`, a
     time.monotonic() value, by default this call). `hold_signals`: the last run holds stop signals
@@ -256,7 +258,7 @@ def train_runs(runs: list[tuple[Config, Path, Path | None]],
         cfg.method = build(cfg.method).spec
         check_output(out, "folder")
         check_run_folder(out)
-    failures = []
+    failures: list[tuple[Path, str]] = []
     clock = time.monotonic() if since is None else since
     for i, (cfg, out, log_path) in enumerate(runs):
         with run_log(log_path):
@@ -267,10 +269,10 @@ def train_runs(runs: list[tuple[Config, Path, Path | None]],
                 train(cfg, out, hold_signals and i == len(runs) - 1)
             except (UsageError, RunFailed) as e:
                 log.error("%s: %s", out, e)
-                failures.append(f"{out}: {e}")
+                failures.append((out, str(e)))
             except Exception as e:  # a bug in one method must not cost the other runs of the job
                 log.exception("%s failed", out)
-                failures.append(f"{out}: {type(e).__name__}: {e}")
+                failures.append((out, f"{type(e).__name__}: {e}"))
             else:
                 if on_finished is not None:
                     on_finished(out, time.monotonic() - clock)
@@ -442,7 +444,7 @@ def _summarise(cfg: Config, out: Path, sim: Simulator, resumed: list[int], track
             for name, sc in scored.items()}}
     analysed, analysed_clients = save_client_weights(cfg, sim, out / WEIGHTS_FILE)
     scores = summarize(sim.records, cfg.eval.report)
-    chance = chance_accuracy(sim)
+    chance = chance_accuracy(sim, cfg.eval.report)
     warnings = _run_warnings(sim, scores["accuracy"], chance)
     for line in warnings:
         log.warning("%s: %s", run_name, line)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .records import RoundRecord
+from .records import RoundRecord, Scores
 
 
 # What each accuracy in summary.json means; written into the summary so no reader has to guess.
@@ -21,6 +21,12 @@ ACCURACY_FIELDS = {
     "val_score": "validation accuracy_mean at the round eval.report's rule picks on validation alone (last: the "
                  "last round; best, best_weighted, best_val: the round best on validation); tuning selects on it",
 }
+
+
+def combined(scores: Scores, report: str) -> float:
+    """The clients' scores combined as eval.report's number combines them: over all scored samples
+    (clients weighted by test size) under best_weighted, the mean over clients under every other rule."""
+    return scores.weighted if report == "best_weighted" else scores.mean
 
 
 def summarize(records: list[RoundRecord], report: str) -> dict[str, Any]:

@@ -36,6 +36,10 @@ SCORE = "val_score"
 # Run-config sections a point may not change: every method of a scenario shares its data and partition,
 # and the workflow sets the rest for each run (workflow.SET_BY_WORKFLOW).
 FIXED_SECTIONS = ("data", "partition", "tracking", "eval", "method")
+# The run-config keys that set a method's training budget: rounds, local epochs and batch size (the
+# steps a client takes), the clients and the share of them sampled each round. Every point of every
+# method trains under the same values, so none of them may be a grid key.
+BUDGET_KEYS = ("fl.rounds", "fl.epochs", "fl.batch_size", "fl.clients", "fl.fraction")
 # The environment variable the workflow names its command line in (tune_select's provenance).
 COMMAND_VARIABLE = "FEDFACTOR_TUNE_COMMAND"
 
@@ -71,6 +75,9 @@ def check(tuning: dict[str, Any], labels: Iterable[str], listed: Iterable[str]) 
             if key.split(".")[0] in FIXED_SECTIONS and "." in key:
                 raise UsageError(f"tuning: {label}'s key {key!r}: the scenario's data, partition and the workflow's "
                                  "own settings are the same for every point; tune training or method settings")
+            if key in BUDGET_KEYS:
+                raise UsageError(f"tuning: {label}'s key {key!r} sets the training budget, which every point of every "
+                                 f"method shares ({', '.join(BUDGET_KEYS)}); set it in the scenario, not the grid")
         n = len(points(tuning, label))
         if n != budget:
             sizes = " x ".join(f"{len(v)} {k}" for k, v in grid.items()) or "no key"
@@ -79,16 +86,18 @@ def check(tuning: dict[str, Any], labels: Iterable[str], listed: Iterable[str]) 
 
 
 def check_runs_alike(configs: dict[str, Any]) -> None:
-    """The same budget also in training: every method's tuning runs (label -> a loaded Config) have
-    the same rounds, local epochs and clients."""
-    def budget(cfg: Any) -> tuple[int, int, int]:
-        return cfg.fl.rounds, cfg.fl.epochs, cfg.fl.clients
+    """The same budget also in training: every tuning run (a name such as "fedavg@p3" -> its loaded
+    Config, every point of every method) has the same BUDGET_KEYS values."""
+    def budget(cfg: Any) -> dict[str, Any]:
+        return {key: getattr(cfg.fl, key.split(".")[1]) for key in BUDGET_KEYS}
 
-    first, *rest = configs.items()
-    for label, cfg in rest:
-        if budget(cfg) != budget(first[1]):
-            raise UsageError(f"tuning: {label} trains {budget(cfg)} (rounds, epochs, clients), {first[0]} "
-                             f"{budget(first[1])}: every method gets the same budget; drop the method's own fl settings")
+    (first, base), *rest = configs.items()
+    for name, cfg in rest:
+        differ = [key for key, value in budget(cfg).items() if value != budget(base)[key]]
+        if differ:
+            shown = ", ".join(f"{key}={budget(cfg)[key]} against {budget(base)[key]}" for key in differ)
+            raise UsageError(f"tuning: {name} trains with {shown} for {first}: every point of every method gets the "
+                             "same budget; drop the method's own fl settings")
 
 
 def with_values(entry: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
@@ -111,12 +120,27 @@ def point_name(i: int) -> str:
 
 # ------------------------------------------------------------------------ selection
 
-def _score(summary_path: Path) -> tuple[float | None, str | None]:
+def failure_reasons(job_files: Iterable[str | Path]) -> dict[Path, str]:
+    """Run folder (resolved) -> why it failed, from the tuning jobs' --done files (`train-runs
+    --allow-failed` lists each failed run with its reason)."""
+    reasons: dict[Path, str] = {}
+    for path in job_files:
+        try:
+            failed = json.loads(Path(path).read_text()).get("failed") or []
+        except (OSError, ValueError, AttributeError) as e:
+            raise UsageError(f"tuning job file {path} cannot be read ({e})") from None
+        for entry in failed:
+            reasons[Path(entry["run"]).resolve()] = entry["reason"]
+    return reasons
+
+
+def _score(summary_path: Path, reasons: dict[Path, str]) -> tuple[float | None, str | None]:
     """A tuning run's validation score, or None and why there is none."""
     try:
         summary = json.loads(summary_path.read_text())
     except FileNotFoundError:
-        return None, "no summary: the run failed (its log says why)"
+        why = reasons.get(summary_path.parent.resolve())
+        return None, f"failed: {why}" if why else "no summary: the run failed (its log says why)"
     except (OSError, ValueError) as e:
         return None, f"unreadable summary ({e})"
     score = summary.get(SCORE)
@@ -126,13 +150,15 @@ def _score(summary_path: Path) -> tuple[float | None, str | None]:
 
 
 def select(tuning: dict[str, Any], scenarios: list[str], labels: list[str], run_dir: Path,
-           provenance: dict[str, Any]) -> dict[str, Any]:
+           provenance: dict[str, Any], reasons: dict[Path, str] | None = None) -> dict[str, Any]:
     """The chosen values per scenario and method from the tuning runs under `run_dir`
     (<scenario>/<label>/p<i>/seed<s>/summary.json), with every point's validation score.
 
     A point's score is the mean over the tuning seeds; a point with a failed run (diverged, say) is
-    never chosen. Ties go to the earlier point of the grid.
+    never chosen, and is recorded with the reason `reasons` (failure_reasons) gives for its run.
+    Ties go to the earlier point of the grid.
     """
+    reasons = reasons or {}
     seeds = [int(s) for s in tuning["seeds"]]
     chosen: dict[str, Any] = {}
     for scenario in scenarios:
@@ -142,7 +168,8 @@ def select(tuning: dict[str, Any], scenarios: list[str], labels: list[str], run_
             for i, values in enumerate(points(tuning, label)):
                 scores, failed = [], []
                 for seed in seeds:
-                    score, why = _score(run_dir / scenario / label / point_name(i) / f"seed{seed}" / "summary.json")
+                    score, why = _score(run_dir / scenario / label / point_name(i) / f"seed{seed}" / "summary.json",
+                                        reasons)
                     if score is None:
                         failed.append(f"seed {seed}: {why}")
                     else:

@@ -57,7 +57,7 @@ def method_entry(config: dict[str, Any], scenario: str, label: str) -> dict[str,
 
 
 # What `build_partition` reads of `data` (and fl.clients, and the partition section but its file).
-PARTITION_DATA_KEYS = ("name", "root", "split", "split_mode")
+PARTITION_DATA_KEYS = ("name", "root", "split", "split_mode", "seed")
 
 
 def partition_sets(run_config: str, overrides: dict[str, Any], data_root: str) -> list[str]:

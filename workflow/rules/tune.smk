@@ -71,7 +71,8 @@ rule tune_select:
     conda:
         CONDA_ENV
     shell:
-        "fedfactor tune-select --study {params.study:q} --runs {params.runs:q} --out {output.record:q} {output.file:q} 2> {log:q}"
+        "fedfactor tune-select --study {params.study:q} --runs {params.runs:q} --jobs {input:q}"
+        " --out {output.record:q} {output.file:q} 2> {log:q}"
 
 
 rule tune:

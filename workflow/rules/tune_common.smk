@@ -14,9 +14,10 @@ TUNING_EXPERIMENT = f"{MLFLOW_EXPERIMENT}-tuning"
 
 if workflow.is_main_process:
     try:
+        # every point of every method, each loaded as its run will be
         for _s in SCENARIOS:
-            tuning.check_runs_alike({m: load_config(RUN_CONFIG, train_sets(_s, m, TUNE_SEEDS[0], tuning_entries(_s, m)[0], m))
-                                     for m in METHODS})
+            tuning.check_runs_alike({f"{m}@{tuning.point_name(i)} in {_s}": load_config(RUN_CONFIG, train_sets(_s, m, TUNE_SEEDS[0], e, m))
+                                     for m in METHODS for i, e in enumerate(tuning_entries(_s, m))})
     except UsageError as e:
         stop(f"{STUDY_FILES}: {e}")
 
