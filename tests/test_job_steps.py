@@ -15,6 +15,8 @@ from fedfactor.config import load_config
 from fedfactor.errors import UsageError
 from fedfactor.records import RoundRecord, Scores
 from fedfactor.simulator import Simulator
+from fedfactor.fl.train import Split
+from fedfactor.summary import summarize
 
 from .conftest import TINY
 
@@ -105,6 +107,32 @@ def test_the_methods_warnings_come_first_then_dropped_updates_then_chance():
     assert lines[0] == "matched nobody"
     assert lines[1].startswith("1 client update(s) diverged and were dropped") and "round 2 client 3" in lines[1]
     assert lines[2] == job.chance_warning(0.11, 0.1) and "at or below chance" in lines[2]
+
+
+# One large client with a skewed test split (850 of class 0, 150 of class 1) and one small balanced
+# one (10 and 10): answering class 0 everywhere scores 67.5 % as a mean over the clients and 84.3 %
+# over all samples, which is what eval.report=best_weighted reports.
+SKEWED = [np.repeat([0, 1], [850, 150]), np.repeat([0, 1], [10, 10])]
+
+
+def _reported(report, correct):
+    """What summary.json reports for one evaluated round whose clients got `correct` right."""
+    counts = np.array([len(y) for y in SKEWED])
+    scores = Scores(np.asarray(correct), counts, 0.0)
+    record = RoundRecord(1, 0.5, 0, 0, 0, 0, 1.0, scores, scores)
+    return summarize([record], report)["accuracy"]
+
+
+@pytest.mark.parametrize("report", ["last", "best", "best_val", "best_weighted"])
+def test_the_chance_warning_fires_for_a_constant_predictor_under_every_report_rule(report):
+    sim = SimpleNamespace(members=[0, 1], clients=[
+        {"test": Split(torch.arange(len(y)), torch.as_tensor(y))} for y in SKEWED])
+    chance = job.chance_accuracy(sim, report)
+    constant = _reported(report, [(y == 0).sum() for y in SKEWED])
+    assert chance == pytest.approx(constant) and job.chance_warning(constant, chance) is not None
+    assert chance == pytest.approx(860 / 1020 if report == "best_weighted" else 0.675)
+    # a trained model (97 % and 90 % right) beats chance under the same rule
+    assert job.chance_warning(_reported(report, [970, 18]), chance) is None
 
 
 # -- the checkpoint file: written, read back, and checked against the run before it is resumed

@@ -133,6 +133,24 @@ def test_selection_reads_validation_only(tmp_path):
         assert _choice(tuning.select(TUNING, ["s"], ["fedavg", "simfed"], tmp_path / f"b{k}", {})) == _choice(doc)
 
 
+def test_a_failed_point_records_the_reason_its_run_gave(tmp_path):
+    scores = {"fedavg": [[(0.5, 0.9), (0.5, 0.9)], None, [(0.6, 0.5), None], [(0.1, 0.9), (0.1, 0.9)]]}
+    _summaries(tmp_path, scores)
+    run = tmp_path / "s" / "fedavg"
+    job = {"runs": [], "failed": [{"run": str(run / "p1" / "seed7"), "reason": "round 3, client 2: mean training "
+                                   "loss nan is not finite"}]}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    (tmp_path / "ok.json").write_text(json.dumps({"runs": []}))  # a job with no failure
+    reasons = tuning.failure_reasons([tmp_path / "job.json", tmp_path / "ok.json"])
+    tried = tuning.select(TUNING, ["s"], ["fedavg"], tmp_path, {}, reasons)["chosen"]["s"]["fedavg"]["tried"]
+    assert tried[1]["failed"] == ["seed 7: failed: round 3, client 2: mean training loss nan is not finite",
+                                  "seed 8: no summary: the run failed (its log says why)"]
+    assert tried[2]["failed"] == ["seed 8: no summary: the run failed (its log says why)"]
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(UsageError, match="tuning job file .*bad.json cannot be read"):
+        tuning.failure_reasons([tmp_path / "bad.json"])
+
+
 def test_a_method_whose_every_point_failed_is_refused(tmp_path):
     _summaries(tmp_path, {"fedavg": [None] * 4})
     with pytest.raises(UsageError, match="every point of fedavg in s failed"):
@@ -212,7 +230,7 @@ def test_snakemake_tune_trains_every_point_and_the_study_runs_at_the_chosen_valu
         "study": "tiny", "run_config": str(run), "results": str(tmp_path / "results"), "seeds": [0],
         "scenarios": {"iid": {"partition": {"kind": "iid"}}},
         "methods": {"fedavg": {"name": "fedavg"}, "local": {"name": "local"}},
-        "tuning": {"file": str(chosen), "seeds": [100], "points": 2, "common": {"fl.lr": [0.02, 0.1]}}}))
+        "tuning": {"file": str(chosen), "seeds": [100], "points": 2, "common": {"fl.lr": [0.02, 1e12]}}}))
     doc_tuning = json.loads(study.read_text())["tuning"]
     argv = ["--directory", str(tmp_path), "--configfile", str(study)]
     snakemake_in_process("tune", "--cores", "1", *argv)
@@ -224,6 +242,9 @@ def test_snakemake_tune_trains_every_point_and_the_study_runs_at_the_chosen_valu
         tried = [t for t in entry["tried"] if t["val_score"] is not None]
         assert [t["values"] for t in entry["tried"]] == tuning.points(doc_tuning, method)
         assert entry["values"] == max(tried, key=lambda t: t["val_score"])["values"]
+        # lr 1e12 diverges: the point is recorded with the reason its run gave, from the job's record
+        assert entry["values"] == {"fl.lr": 0.02} and entry["tried"][1]["val_score"] is None
+        assert re.match(r"seed 100: failed: round 1, client \d+: mean training loss", entry["tried"][1]["failed"][0])
     # the study's runs, at the chosen values
     plan = snakemake_in_process("-n", "-p", *argv)
     runs = {Path(r["out"]).parent.name: r["set"] for command in re.findall(r"^Shell command: .*train-runs .*$", plan, re.M)

@@ -210,3 +210,41 @@ def test_every_variant_is_registered_with_its_change():
     assert build({"name": "feddecomp_reverse"}).hp.share == "tau"
     assert build({"name": "feddecomp_lowrank_fedavg"}).hp.share == "all"
     assert build({"name": "feddecomp_lowrank_local"}).hp.share == "none"
+
+
+def _expected_rank(style, kind, out_features, in_features, conv_ratio, linear_ratio):
+    """The rank rule, written out here rather than imported: R_c of a convolution's output channels
+    as run (the official loralib), of min(I, O) in the text (eq. 4); R_l of min(I, O) for a fully
+    connected layer in both (eq. 3); floor, at least 1."""
+    ratio = conv_ratio if kind == "conv" else linear_ratio
+    n = out_features if (kind, style) == ("conv", "official") else min(out_features, in_features)
+    return max(1, int(ratio * n + 1e-9))
+
+
+@pytest.mark.parametrize("style", ["official", "paper"])
+def test_each_low_rank_layer_takes_its_rank_from_r_c_or_r_l_by_its_kind(style):
+    # R_c and R_l far apart, so that taking one for the other changes every layer's rank
+    hp = {"conv_ratio": 0.8, "linear_ratio": 0.25}
+    model = build({"name": "feddecomp", "style": style, **hp}).prepare_model(build_model("cnn", 1, 8, 8, 10))
+    generator = torch.Generator().manual_seed(0)
+    seen = []
+    for name, layer in model.named_modules():
+        if not hasattr(layer, "tau_rank"):
+            continue
+        kind = "conv" if isinstance(layer, torch.nn.Conv2d) else "linear"
+        O, I = layer.weight.shape[:2]
+        rank = _expected_rank(style, kind, O, I, **hp)
+        # the rank tau can reach, from random factors: B starts at zero, so tau itself starts at rank 0
+        b = torch.randn(layer.tau_b.shape, generator=generator, dtype=torch.float64)
+        tau = layer.tau(b, layer.tau_a.detach().double())
+        if kind == "conv":  # the (r K)-rank matrix B A the kernel is made from, undone as each style makes it
+            K = tau.shape[-1]
+            matrix = tau.reshape(O * K, I * K) if style == "official" else tau.permute(1, 2, 0, 3).reshape(I * K, O * K)
+            reached, bound = torch.linalg.matrix_rank(matrix).item(), min(rank * K, *matrix.shape)
+        else:
+            reached, bound = torch.linalg.matrix_rank(tau).item(), min(rank, O, I)
+        assert (layer.tau_rank, reached) == (rank, bound), name
+        seen.append((name, kind, rank))
+    assert [(n, k) for n, k, _ in seen] == [("body.0", "conv"), ("body.3", "conv"), ("body.7", "linear"),
+                                          ("head", "linear")]
+    assert {"official": [25, 51, 64, 2], "paper": [1, 25, 64, 2]}[style] == [r for *_, r in seen]
