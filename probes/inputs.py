@@ -66,8 +66,11 @@ COUNTS = "counts and bounds (hangs)"
 DEVICES = "devices"
 DIVERGENCE = "divergence"
 RERUN = "rerun of a finished run (a damaged kept checkpoint, run files that are no file)"
+TUNING = "tuning files (snakemake -n)"
+PLAN = "plan"
+RATIO = "ratio claims to a method that sends nothing"
 CLASSES = [CONFIG, YAML, OUT, PARTITION, NPZ, STUDY, RUNFILES, WEIGHTS, IMPORT, PREPARE, COUNTS, DEVICES,
-           DIVERGENCE, RERUN]
+           DIVERGENCE, RERUN, TUNING, PLAN, RATIO]
 
 # The base of every training case: small and fast, so that a wrong success costs seconds.
 BASE = ["data.name=digits", "fl.clients=4", "tracking.enabled=false"]
@@ -285,6 +288,11 @@ add(CONFIG, "shards classes_per_client=11", train("partition.kind=shards", "part
 add(CONFIG, "class_groups of one class each, permuted",
     train("partition.kind=class_groups", "partition.groups=[[0],[1],[2],[3]]", "partition.clients_per_group=1",
           "partition.permute_labels=true"))
+# issue 51: booleans taken as 1 where numbers go
+for key, values in {"checkpoint.minutes": ["true", "nan", "-1"], "checkpoint.max_share": ["true", "0", "1.5"],
+                    "data.seed": ["-1", "1.5", "true"]}.items():
+    for value in values:
+        add(CONFIG, f"{key}={value}", train(f"{key}={value}"))
 for item in ["fl={{a: 1}: 2}", "fl={[a]: 1}", "fl.rounds=!!binary MQ==", "method.bogus=1"]:
     add(CONFIG, item, train(item))
 for uri in ["sqlite:///", "sqlite://", "''", "nosuch://x/y"]:
@@ -571,6 +579,81 @@ study_case("study file holds false", text="false\n")
 study_case("method name with a typo beside a sound one",
            lambda s: s.update(methods={"fedavg": {"name": "fedavg"}, "x": {"name": "fedavgg"}}))
 study_case("results is a file", extra=write("results", "not a folder\n"))
+
+# -- tuning files: a study's chosen values, checked when `snakemake -n` reads them (issue 51) ----------
+
+
+def tuning_case(name: str, damage: Callable[[dict], object] | None = None, text: Callable[[str], str] | None = None,
+                section: Callable[[dict], object] | None = None) -> None:
+    """A tuned study whose file of chosen values tune_select wrote (fedfactor.tuning.write), then
+    `damage`d and signed again, or edited as `text` after signing, or the study's `section` changed."""
+    def setup(folder: Path, t: Templates) -> None:
+        from fedfactor import tuning
+        from fedfactor.config import load_config
+
+        run_config = REPO / "config/runs/digits.yaml"
+        grid = {"fl.lr": [0.01, 0.1]}
+        tried = [{"values": {"fl.lr": lr}, "val_score": score} for lr, score in ((0.01, 0.4), (0.1, 0.5))]
+        doc = {"version": tuning.FILE_VERSION, "study": "probe",
+               "budget": {"points": 2, "rounds": {"a": load_config(run_config).fl.rounds}, "seeds": [100]},
+               "grid": {"fedavg": grid}, "chosen": {"a": {"fedavg": {"values": {"fl.lr": 0.1}, "val_score": 0.5,
+                                                                      "tried": tried}}}}
+        if damage is not None:
+            damage(doc)
+        tuning.write(doc, folder / "chosen.yaml")
+        if text is not None:
+            (folder / "chosen.yaml").write_text(text((folder / "chosen.yaml").read_text()))
+        study = {"study": "probe", "run_config": str(run_config), "results": str(folder / "results"), "seeds": [0],
+                 "scenarios": {"a": {"partition": {"kind": "iid"}}}, "methods": {"fedavg": {"name": "fedavg"}},
+                 "tuning": {"file": str(folder / "chosen.yaml"), "seeds": [100], "points": 2, "common": grid}}
+        if section is not None:
+            section(study["tuning"])
+        (folder / "study.yaml").write_text(yaml.safe_dump(study))
+    add(TUNING, name, ["snakemake", "-n", "--configfile", "{case}/study.yaml"], setup)
+
+
+def _chosen(**values):
+    return lambda doc: doc["chosen"]["a"]["fedavg"].update(values=values)
+
+
+tuning_case("chosen fl.lr 99.0, in neither the grid nor the tried points", _chosen(**{"fl.lr": 99.0}))
+tuning_case("a chosen key never tuned (fl.momentum)", _chosen(**{"fl.lr": 0.1, "fl.momentum": 0.5}))
+tuning_case("values: {}", _chosen())
+tuning_case("edited by hand after it was written", text=lambda t: t.replace("fl.lr: 0.1\n", "fl.lr: 0.01\n", 1))
+tuning_case("tuned on other seeds", lambda doc: doc["budget"].update(seeds=[5]))
+tuning_case("tuning.points: 2.0", section=lambda t: t.update(points=2.0))
+
+# -- plan: `fedfactor plan` on a bad study or option (issue 51) -------------------------------------------
+
+
+def plan_case(name: str, study: str | None, *options: str) -> None:
+    setup = write("study.yaml", study) if study is not None else None
+    path = "{case}/study.yaml" if study is not None else str(REPO / "config/config.yaml")
+    add(PLAN, name, ["fedfactor", "plan", "--study", path, "--profile", "none", *options], setup)
+
+
+plan_case("an empty study file", "")
+plan_case("a study file of comments only", "# nothing yet\n")
+plan_case("an unknown method", f"study: p\nrun_config: {REPO / 'config/runs/digits.yaml'}\nseeds: [0]\n"
+          "scenarios: {a: {partition: {kind: iid}}}\nmethods: {fedavg: {name: fedavg}, x: {name: fedavgg}}\n")
+for value in ("nan", "inf", "1e308", "-1", "0"):
+    plan_case(f"--gpu-memory-gib {value}", None, f"--gpu-memory-gib={value}")
+
+# -- ratio claims to a method that sends nothing: a verdict that says so, never inf (issue 51) -----------
+
+
+def _ratio_study(folder: Path, t: Templates) -> None:
+    from fedfactor.report.spec import check_spec
+
+    claim = {"id": "fewer_bytes", "claim": "FedAvg sends twice FedFac's bytes", "source": "probe", "kind": "ratio",
+             "a": "fedavg", "b": "fedfac", "scenarios": ["s"], "min": 2.0}
+    spec = check_spec({**STUDY_SPEC, "claims": [claim]}).model_dump(mode="json")
+    (folder / "study.json").write_text(json.dumps(spec))
+
+
+add(RATIO, "fedfac sends 0 bytes", ["fedfactor", "claims", "runs", "--study", "study.json", "--out", "report"],
+    chain(copy_runs(lambda run: _edit_summary(bytes_total=0)(run)), _ratio_study), expect=0,
+    reported=r"0 not reproduced, 0 within noise, 1 not applicable")
 
 # -- damaged run files: the reports ---------------------------------------------------------
 

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from fedfactor.config import load_config, load_yaml
+from fedfactor.config import Config, load_config, load_yaml
 from fedfactor.errors import UsageError
 from fedfactor.methods import build
 
@@ -283,3 +283,22 @@ def test_full_width_stays_out_of_what_a_run_writes_and_a_narrower_one_is_written
     assert load_config(None, ["model.width_multiplier=1"]).to_dict() == full.to_dict()
     with pytest.raises(UsageError, match="width_multiplier"):
         load_config(None, ["model.width_multiplier=2"])
+
+
+def _numeric_keys(model, prefix=""):
+    """Every int or float field of the run config, dotted, found by walking its sections."""
+    from pydantic import BaseModel
+
+    for name, field in model.model_fields.items():
+        kind = field.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            yield from _numeric_keys(kind, f"{prefix}{name}.")
+        elif kind in (int, float):
+            yield f"{prefix}{name}"
+
+
+@pytest.mark.parametrize("key", sorted(_numeric_keys(Config)))
+def test_every_number_of_the_run_config_refuses_true_false_nan_and_infinity(key):
+    for value in ("true", "false", ".nan", ".inf"):
+        with pytest.raises(UsageError, match=re.escape(key)):
+            _checked(None, [f"{key}={value}"])

@@ -31,7 +31,8 @@ LAYERS = [
     {"diagnostics"},  # what a run keeps of its clients' weights, their factor analysis, the arrays it logged drawn
     {"study_figures"},  # every figure of a study: the accuracy curves and the diagnostics' figures
     {"job"},
-    {"workflow", "tuning", "fedfac_simulation"},  # fedfac_simulation: FedFac's simulation study
+    {"tuning"},  # the grid, the selection and the file of chosen values, which the study's checks read
+    {"workflow", "fedfac_simulation"},  # fedfac_simulation: FedFac's simulation study
     {"plan"},  # a study's needs, from its runs as the workflow expands them
     {"progress"},
     {"cli"},

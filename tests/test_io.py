@@ -95,3 +95,16 @@ def test_a_full_disk_names_the_file_and_leaves_the_old_one_and_no_temporary(tmp_
     assert full.value.errno == errno.ENOSPC and full.value.filename == str(path)
     assert path.read_text() == "old" and os.listdir(tmp_path) == ["out.txt"]
     assert full_disk_message(full.value).startswith(f"no space left to write {path} (")
+    assert f"free on the file system of {tmp_path})" in full_disk_message(full.value)
+
+
+def test_a_full_disk_that_names_no_file_names_what_was_being_written_and_its_free_space(tmp_path):
+    import errno
+
+    from fedfactor.io import full_disk_message
+
+    unnamed = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a library's write: no filename
+    message = full_disk_message(unnamed, tmp_path / "run" / "not yet made")
+    assert message.startswith(f"no space left to write into {tmp_path / 'run' / 'not yet made'} (")
+    assert f"free on the file system of {tmp_path});" in message and "None" not in message
+    assert "write its output (" in full_disk_message(unnamed)

@@ -714,8 +714,9 @@ def test_a_full_disk_is_one_line_and_a_rerun_finds_what_it_needs(tmp_path, kept_
         if out.exists() else {}
     with monkeypatch.context() as mp:
         _full_disk(mp, site)
-        with pytest.raises(RunFailed, match=rf"^no space left to write {out / site} \([\d.]+ \w?i?B free on its "
-                                            r"file system\); free some space and run the same command again$"):
+        with pytest.raises(RunFailed, match=rf"^no space left to write {out / site} \([\d.]+ \w?i?B free on the "
+                                            rf"file system of {out}\); free some space and run the same command "
+                                            r"again$"):
             train(_cfg(*KEPT), out)
     assert not list(out.rglob("*.tmp"))
     after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name in before}

@@ -2,6 +2,7 @@
 checkpoint falls due, what a round leaves behind, the warnings a degenerate run ends with, and the
 checkpoint file read back and checked against its run before a resume."""
 
+import pickle
 import re
 from types import SimpleNamespace
 
@@ -215,3 +216,12 @@ def test_a_file_that_is_no_checkpoint_is_refused_without_torchs_advice_to_run_it
     # what torch says of the object it refused, without its advice (its wording varies with the version)
     assert "(not a checkpoint of tensors and plain data: " in message and "types.SimpleNamespace" in message
     assert "weights_only" not in message and "safe_globals" not in message
+
+
+def test_a_plain_pickle_is_refused_in_one_line_and_torchs_warnings_stay_unshown(tmp_path, recwarn):
+    path = tmp_path / "checkpoint.pt"
+    with path.open("wb") as f:  # protocol 4, which torch does not write and warns about before refusing
+        pickle.dump({"version": 1, "fingerprint": {}}, f, protocol=4)
+    with pytest.raises(UsageError, match=r"cannot be resumed \(not a checkpoint of tensors and plain data"):
+        job.load_checkpoint(path, torch.device("cpu"))
+    assert [str(w.message) for w in recwarn] == []

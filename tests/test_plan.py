@@ -200,3 +200,33 @@ def test_a_paper_scale_round_stays_within_its_plan(tmp_path, study, name):
     # small part of the model (VGG-16's 15th layer 13 %, ResNet-18's 17th 21 %), so a trained client
     # that kept its whole model would take the checkpoint past this
     assert checkpoint < (2 + trained / 2) * measured.model, (checkpoint, measured.model)
+
+
+def _bad_study(tmp_path, **change):
+    doc = {"study": "bad", "run_config": str(REPO / "config" / "runs" / "digits.yaml"), "results": str(tmp_path),
+           "seeds": [0], "scenarios": {"a": {"partition": {"kind": "iid"}}}, "methods": {"fedavg": {"name": "fedavg"}}}
+    path = tmp_path / "bad.yaml"
+    path.write_text(json.dumps({**doc, **change}))
+    return path
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"methods": {"fedavg": {"name": "fedavgg"}}}, "methods.fedavg: no method is named 'fedavgg'; did you mean"),
+    ({"tuning": {"file": "t.yaml", "seeds": [1], "points": 2.0, "common": {"fl.lr": [0.1, 0.2]}}},
+     r"tuning.points must be a whole number \(got 2.0\)"),
+    ({"methods": {"x": {"name": "fedavg"}}, "select": {"methods": ["y"]}}, "select.methods names 'y'"),
+], ids=["unknown method", "points 2.0", "select"])
+def test_plan_refuses_a_study_in_one_line_naming_its_file(tmp_path, change, says):
+    # the DAG build gives the same line: tests/test_workflow.py compares the two
+    path = _bad_study(tmp_path, **change)
+    with pytest.raises(UsageError, match=rf"^{re.escape(str(path))}: .*{says}") as refused:
+        plan.read_study([path])
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "[1, 2]\n"])
+def test_plan_refuses_an_empty_or_listed_study_file_in_one_line(tmp_path, text):
+    path = tmp_path / "empty.yaml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=rf"^{re.escape(str(path))}: (is empty|holds a list, not a mapping of keys);"):
+        plan.read_study([path])

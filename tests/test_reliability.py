@@ -123,3 +123,22 @@ def test_rerun_of_a_finished_run(case, tmp_path, templates):
 def test_study_files(case, tmp_path, templates):
     r = probe.run_subprocess(case, tmp_path / "case", templates, timeout=300)
     assert r.outcome == "clean", f"{case.id}: {r.outcome} (exit {r.status}): {r.last_line!r}"
+
+
+# A hand-edited or stale file of chosen values, through `snakemake -n`: it stops the DAG build in one
+# line naming the study file (tests/test_tuning.py checks each refusal's words)
+@cases_of(probe.TUNING, only=["chosen fl.lr 99.0, in neither the grid nor the tried points", "values: {}",
+                              "edited by hand after it was written", "tuning.points: 2.0"])
+def test_tuning_files(case, tmp_path, templates):
+    r = probe.run_subprocess(case, tmp_path / "case", templates, timeout=300)
+    assert r.outcome == "clean", f"{case.id}: {r.outcome} (exit {r.status}): {r.last_line!r}"
+
+
+@cases_of(probe.PLAN)
+def test_plan(case, tmp_path, templates):
+    assert_clean(case, tmp_path / "case", templates)
+
+
+@cases_of(probe.RATIO)
+def test_ratio_claims(case, tmp_path, templates):
+    assert_clean(case, tmp_path / "case", templates)

@@ -259,6 +259,63 @@ def test_snakemake_tune_trains_every_point_and_the_study_runs_at_the_chosen_valu
     assert re.search(r"^tune_train\s+4$", again, re.M) and re.search(r"^tune_select\s+1$", again, re.M), again
 
 
+def _chosen_file(tmp_path):
+    """A file of chosen values as tune_select writes it, and the study's tuning section that reads it."""
+    scores = {m: [[(0.1 * (i + 1), 0.5)] * 2 for i in range(4)] for m in ("fedavg", "simfed")}
+    scores["fedavg"][1] = None  # lr 0.03 failed
+    _summaries(tmp_path, scores)
+    t = {**TUNING, "file": str(tmp_path / "chosen.yaml")}
+    tuning.write(tuning.select(t, ["s"], ["fedavg", "simfed"], tmp_path, {"rounds": {"s": 2}}), t["file"])
+    return t
+
+
+def _edit(t, change):
+    doc = yaml.safe_load(Path(t["file"]).read_text())
+    change(doc)
+    Path(t["file"]).write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda d: d["chosen"]["s"]["fedavg"]["values"].update({"fl.lr": 99.0}),
+     r"fedavg in s: fl.lr=99.0 is no point of its grid \(\[0.01, 0.03, 0.1, 0.3\]\)"),
+    (lambda d: d["chosen"]["s"]["fedavg"]["values"].update({"fl.momentum": 0.5}),
+     r"fedavg in s: the chosen values hold 'fl.momentum', which the grid does not tune"),
+    (lambda d: d["chosen"]["s"]["simfed"].update(values={}),
+     r"simfed in s: the chosen values lack 'fl.lr', which the grid tunes"),
+    (lambda d: d["chosen"]["s"]["fedavg"]["values"].update({"fl.lr": 0.03}),
+     r"fedavg in s: fl.lr=0.03 was never tried, or failed, on the tuning seeds"),
+    (lambda d: d["budget"].update(seeds=[7]), r"was tuned with budget.seeds \[7\], but the study's tuning section "
+                                              r"gives \[7, 8\]"),
+], ids=["not in the grid", "a key never tuned", "no values", "a failed point", "other seeds"])
+def test_a_chosen_value_the_tuning_did_not_choose_is_refused_naming_file_method_and_key(tmp_path, change, says):
+    t = _chosen_file(tmp_path)
+    assert tuning.read_chosen(t, ["s"], ["fedavg", "simfed"], {"s": 2})["s"]["fedavg"] == {"fl.lr": 0.3}
+    _edit(t, change)
+    with pytest.raises(UsageError, match="does not match its checksum: it was edited after `snakemake tune` wrote it"):
+        tuning.read_chosen(t, ["s"], ["fedavg", "simfed"])
+    # allowed as edited, the file must still hold what the tuning could have chosen
+    with pytest.raises(UsageError, match=rf"^tuning.file {re.escape(t['file'])}.*{says}.*tune again"):
+        tuning.read_chosen({**t, "allow_edited": True}, ["s"], ["fedavg", "simfed"])
+
+
+def test_an_edit_is_used_when_the_study_allows_it_and_the_rounds_must_be_the_studys(tmp_path):
+    t = _chosen_file(tmp_path)
+    _edit(t, lambda d: d["chosen"]["s"]["fedavg"]["values"].update({"fl.lr": 0.1}))  # tried, not the best
+    assert tuning.read_chosen({**t, "allow_edited": True}, ["s"], ["fedavg"])["s"]["fedavg"] == {"fl.lr": 0.1}
+    _edit(t, lambda d: d.pop("checksum"))
+    with pytest.raises(UsageError, match="has no checksum"):
+        tuning.read_chosen(t, ["s"], ["fedavg"])
+    t = _chosen_file(tmp_path / "again")
+    with pytest.raises(UsageError, match=r"tuned s at 2 rounds, but the study trains it 5 rounds"):
+        tuning.read_chosen(t, ["s"], ["fedavg"], {"s": 5})
+
+
+@pytest.mark.parametrize("key, value", [("points", 4.0), ("points", True), ("seeds", [7.0, 8])])
+def test_tuning_counts_must_be_whole_numbers(key, value):
+    with pytest.raises(UsageError, match=rf"tuning.{key} must be"):
+        tuning.check({**TUNING, key: value}, ["fedavg"], ["fedavg", "simfed"])
+
+
 def test_provenance_names_the_commit_and_changes_besides_the_file_written(tmp_path, monkeypatch):
     def git(*args):
         subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)

@@ -97,6 +97,27 @@ def test_a_bad_study_ends_the_dry_run_with_one_clear_line(tmp_path, change, mess
     assert r.returncode == 1 and lines == [message.format(study=study)], r.stdout + r.stderr
 
 
+@pytest.mark.parametrize("change", [
+    {"methods": {"fedavg": {"name": "fedavgg"}}},
+    {"tuning": {"file": "t.yaml", "seeds": [1], "points": 2.0, "common": {"fl.lr": [0.1, 0.2]}}},
+    {"claims": [{"id": "c", "kind": "order", "a": "fedavg", "b": "nobody", "scenarios": ["a"], "claim": "x",
+                 "source": "y"}]},
+], ids=["unknown method", "points 2.0", "a claim naming no method"])
+@pytest.mark.slow
+def test_plan_and_the_dry_run_refuse_a_bad_study_with_the_same_line(tmp_path, change):
+    doc = {"study": "bad", "run_config": str(REPO / "config" / "runs" / "digits.yaml"), "results": str(tmp_path),
+           "seeds": [0], "scenarios": {"a": {"partition": {"kind": "iid"}}}, "methods": {"fedavg": {"name": "fedavg"}},
+           **change}
+    study = tmp_path / "bad.yaml"
+    study.write_text(json.dumps(doc))
+    dry = _snakemake("-n", "--configfile", str(study), cwd=REPO)
+    planned = subprocess.run([sys.executable, "-m", "fedfactor", "plan", "--study", str(study), "--profile", "none"],
+                             capture_output=True, text=True, cwd=REPO)
+    dry_lines = [line for line in (dry.stdout + dry.stderr).splitlines() if line and not line.startswith("Using ")]
+    assert dry.returncode == 1 and len(dry_lines) == 1, dry.stdout + dry.stderr
+    assert planned.returncode == 2 and planned.stderr == f"fedfactor: error: {dry_lines[0]}\n"
+
+
 @pytest.mark.slow
 def test_lint_is_clean(tmp_path):
     r = _snakemake("--lint", "--config", f"results={tmp_path}/results")

@@ -412,9 +412,15 @@ def _progress(run, study, elapsed: float | None) -> None:
               f"({type(e).__name__}: {e})", file=sys.stderr)
 
 
+MAX_GPU_GIB = 100_000  # far above any GPU's memory: 1e308 would overflow the bytes it is turned into
+
+
 def cmd_plan(args) -> None:
     from . import plan
 
+    gib = args.gpu_memory_gib
+    if gib is not None and not 0 < gib <= MAX_GPU_GIB:  # also false for nan: nan, inf, 0 and below plan nothing
+        raise UsageError(f"--gpu-memory-gib must be a number of GiB above 0 and at most {MAX_GPU_GIB:,} (got {gib:g})")
     paths = plan.study_files(args.all, args.study)
     device_memory = None if args.gpu_memory_gib is None else int(args.gpu_memory_gib * plan.GiB)
     profile = None if args.profile == "none" else args.profile
@@ -719,7 +725,9 @@ def _dispatch(args) -> int:
 
         if e.errno not in NO_SPACE:
             raise
-        print(f"fedfactor: run failed: {full_disk_message(e)}", file=sys.stderr)
+        outputs = [getattr(args, option, None) for option, _ in OUTPUTS.get(args.command, [])]
+        print(f"fedfactor: run failed: {full_disk_message(e, next((o for o in outputs if o), None))}",
+              file=sys.stderr)
         return 1
     return 0
 

@@ -176,10 +176,10 @@ class CheckpointConfig(Section):
     every: Int = Field(5, ge=0)  # rounds between checkpoints; 0: by time, and when SIGTERM/SIGINT stops the run
     # also write one at the end of a round once this much wall time has passed since the last (a
     # SIGKILL or a node failure loses at most about that much); 0: never by time
-    minutes: float = Field(30.0, ge=0, allow_inf_nan=False)
+    minutes: Float = Field(30.0, ge=0)
     # a checkpoint due by rounds waits while its last write took more than this share of the time
     # since (and over a second): a large checkpoint costs at most a few per cent of a run
-    max_share: float = Field(0.05, gt=0, le=1, allow_inf_nan=False)
+    max_share: Float = Field(0.05, gt=0, le=1)
     keep: bool = False  # keep the checkpoint after the run has finished
 
 

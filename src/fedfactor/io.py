@@ -58,14 +58,20 @@ def naming_full_disk(path: Path) -> Iterator[None]:
         raise OSError(full.errno, full.strerror, str(path)) from None
 
 
-def full_disk_message(error: OSError) -> str:
-    """One line for a full disk: the file that could not be written and the space left beside it."""
-    folder = Path(error.filename or ".").parent
+def full_disk_message(error: OSError, writing: str | Path | None = None) -> str:
+    """One line for a full disk: the file that could not be written and the space left beside it.
+    Where the error names no file (a write by a library, outside atomic_open), `writing`, the file or
+    folder the command was writing, is named instead, and the space left there."""
+    if error.filename:
+        what, folder = str(error.filename), Path(error.filename).parent
+    else:
+        what = f"into {writing}" if writing else "its output"
+        folder = Path(writing or ".")
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     free = shutil.disk_usage(folder).free
-    return (f"no space left to write {error.filename} ({_size(free)} free on its file system); free some space "
-            "and run the same command again")
+    return (f"no space left to write {what} ({_size(free)} free on the file system of {folder}); free some "
+            "space and run the same command again")
 
 
 def _size(n: float) -> str:

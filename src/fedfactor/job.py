@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -72,7 +73,11 @@ def _differences(old: dict, new: dict) -> str:
 
 def load_checkpoint(path: Path, device: torch.device) -> dict:
     try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
+        # torch warns about what it finds in a foreign or damaged file (a pickle protocol it does not
+        # write) before it refuses it: the one line below says what matters
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ckpt = torch.load(path, map_location=device, weights_only=True)
         if ckpt["version"] != CHECKPOINT_VERSION:
             raise ValueError(f"version {ckpt['version']}, this fedfactor reads {CHECKPOINT_VERSION}")
         missing = [k for k in ("fingerprint", "simulator", "resumed") if k not in ckpt]
@@ -205,7 +210,7 @@ def train(cfg: Config, out: Path, hold_signals: bool = False) -> dict[str, Any]:
         if e.errno not in NO_SPACE:
             raise
         # Every file is replaced atomically (io.atomic_open), so what a rerun needs is intact.
-        raise RunFailed(full_disk_message(e)) from None
+        raise RunFailed(full_disk_message(e, out)) from None
 
 
 def finished_summary(cfg: Config, out: Path) -> dict[str, Any] | None:

@@ -128,7 +128,7 @@ def read_study(paths: Iterable[str | Path]) -> dict[str, Any]:
     the schema's defaults filled in (the workflow's checks of the files apply: workflow.py)."""
     from snakemake.utils import validate  # type: ignore[import-untyped]
 
-    from .workflow import check_config_files, check_required_keys, deep_merge
+    from .workflow import check_config_files, check_required_keys, check_study, deep_merge
 
     paths = [str(p) for p in paths]
     check_config_files(paths)
@@ -142,6 +142,10 @@ def read_study(paths: Iterable[str | Path]) -> dict[str, Any]:
         from .workflow import schema_problem
 
         raise UsageError(f"{paths[0]}: {schema_problem(e)}") from None
+    try:
+        check_study(config)  # as the workflow's DAG build checks it: the same line for the same file
+    except UsageError as e:
+        raise UsageError(f"{', '.join(map(str, paths))}: {e}") from None
     return config
 
 

@@ -17,6 +17,7 @@ scenario and method. The chosen values go to `tuning.file` in the repository wit
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import math
 import subprocess
@@ -61,6 +62,11 @@ def check(tuning: dict[str, Any], labels: Iterable[str], listed: Iterable[str]) 
     """Every method the study runs (`labels`) searches exactly `points` points, over keys it can take;
     `tuning.methods` names only methods the study lists."""
     budget = tuning["points"]
+    for key in ("points", "seeds"):  # the schema takes 2.0 for an integer
+        values = tuning[key] if key == "seeds" else [tuning[key]]
+        if not all(type(v) is int for v in values):
+            raise UsageError(f"tuning.{key} must be {'whole numbers' if key == 'seeds' else 'a whole number'} "
+                             f"(got {tuning[key]!r})")
     unknown = sorted(set(tuning.get("methods") or {}) - set(listed))
     if unknown:
         raise UsageError(f"tuning.methods names {', '.join(map(repr, unknown))}, which the study does not list")
@@ -181,7 +187,7 @@ def select(tuning: dict[str, Any], scenarios: list[str], labels: list[str], run_
                 raise UsageError(f"tuning: every point of {label} in {scenario} failed; see its runs' logs under "
                                  f"{run_dir / scenario / label}")
             best = max(ok, key=lambda t: t["val_score"])  # the first of equal scores
-            chosen[scenario][label] = {"values": best["values"], "val_score": best["val_score"], "tried": tried}
+            chosen[scenario][label] = {"values": dict(best["values"]), "val_score": best["val_score"], "tried": tried}
     made = {key: value for key, value in provenance.items() if key != "rounds"}
     return {"version": FILE_VERSION, **made,
             "budget": {"points": tuning["points"], "rounds": provenance.get("rounds"), "seeds": seeds},
@@ -209,19 +215,42 @@ def provenance(study: str, command: str, rounds: dict[str, int] | None,
 
 
 HEADER = ("# Hyperparameters chosen on validation data by `{command}` (docs/tuning.md).\n"
-          "# Written by fedfactor's tune_select step: do not edit by hand; tune again instead.\n")
+          "# Written by fedfactor's tune_select step: do not edit by hand; tune again instead (its checksum\n"
+          "# refuses an edit unless the study sets tuning.allow_edited: true).\n")
+
+
+def checksum(doc: dict[str, Any]) -> str:
+    """sha256 of the file's content but its checksum, as canonical JSON: what `read_chosen` checks to
+    tell a file tune_select wrote from one edited by hand."""
+    content = {key: value for key, value in doc.items() if key != "checksum"}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class _Plain(yaml.SafeDumper):
+    """Every value written where it stands: an object met twice (a point's values, a shared grid list)
+    would otherwise be an anchor and an alias, and an edit of one would change the other."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def write(doc: dict[str, Any], path: str | Path) -> None:
-    text = HEADER.format(command=doc.get("command") or "snakemake tune") + yaml.safe_dump(doc, sort_keys=False)
+    doc = {**doc, "checksum": checksum(doc)}
+    text = HEADER.format(command=doc.get("command") or "snakemake tune") + yaml.dump(doc, Dumper=_Plain,
+                                                                                      sort_keys=False)
     atomic_write_text(path, text)
 
 
 # ------------------------------------------------------------------------ reading them back
 
-def read_chosen(tuning: dict[str, Any], scenarios: list[str], labels: list[str]) -> dict[str, dict[str, dict]]:
-    """scenario -> label -> the chosen values, from `tuning.file`; every scenario and method the study
-    runs must be in it, tuned on the grid the study names now (otherwise: tune again)."""
+def read_chosen(tuning: dict[str, Any], scenarios: list[str], labels: list[str],
+                rounds: dict[str, int] | None = None) -> dict[str, dict[str, dict]]:
+    """scenario -> label -> the chosen values, from `tuning.file`, checked against the study: written by
+    tune_select and not edited (its checksum; `tuning.allow_edited: true` accepts an edit), tuned under
+    the study's budget (points, seeds, and `rounds` per scenario when given) and grid, every scenario
+    and method the study runs present, and each method's values exactly its tuned keys, at a point of
+    its grid that was tried and did not fail. Anything else: one UsageError line naming the file, the
+    method and the key (tune again)."""
     from .config import load_yaml
 
     path = Path(tuning["file"])
@@ -234,6 +263,11 @@ def read_chosen(tuning: dict[str, Any], scenarios: list[str], labels: list[str])
         raise UsageError(f"tuning.file {path} cannot be read ({e})") from None
     if not isinstance(doc, dict) or doc.get("version") != FILE_VERSION or not isinstance(doc.get("chosen"), dict):
         raise UsageError(f"tuning.file {path} is not a file of chosen values (version {FILE_VERSION}); {again}")
+    if doc.get("checksum") != checksum(doc) and not tuning.get("allow_edited", False):
+        state = "has no checksum" if "checksum" not in doc else "does not match its checksum"
+        raise UsageError(f"tuning.file {path} {state}: it was edited after `snakemake tune` wrote it; {again}, or set "
+                         "tuning.allow_edited: true to use it as edited")
+    _check_budget(doc, tuning, path, rounds, again)
     out = {}
     for scenario in scenarios:
         out[scenario] = {}
@@ -244,5 +278,41 @@ def read_chosen(tuning: dict[str, Any], scenarios: list[str], labels: list[str])
             if (doc.get("grid") or {}).get(label) != space(tuning, label):
                 raise UsageError(f"tuning.file {path}: {label} was tuned on another grid than the study's tuning "
                                  f"section now gives; {again}")
+            _check_values(entry, tuning, label, f"tuning.file {path}: {label} in {scenario}", again)
             out[scenario][label] = entry["values"]
     return out
+
+
+def _check_budget(doc: dict[str, Any], tuning: dict[str, Any], path: Path, rounds: dict[str, int] | None,
+                  again: str) -> None:
+    """The file was tuned with the study's points, seeds and, per scenario, rounds."""
+    budget = doc.get("budget") if isinstance(doc.get("budget"), dict) else {}
+    study = {"points": tuning["points"], "seeds": [int(s) for s in tuning["seeds"]]}
+    for key, wanted in study.items():
+        if budget.get(key) != wanted:
+            raise UsageError(f"tuning.file {path} was tuned with budget.{key} {budget.get(key)!r}, but the study's "
+                             f"tuning section gives {wanted!r}; {again}")
+    for scenario, n in (rounds or {}).items():
+        tuned = (budget.get("rounds") or {}).get(scenario)
+        if tuned != n:
+            raise UsageError(f"tuning.file {path} tuned {scenario} at {tuned!r} rounds, but the study trains it "
+                             f"{n} rounds; {again}")
+
+
+def _check_values(entry: dict[str, Any], tuning: dict[str, Any], label: str, where: str, again: str) -> None:
+    """A method's chosen values: its tuned keys and no other, at a grid point that was tried and did not fail."""
+    values, keys = entry["values"], list(space(tuning, label))
+    missing, extra = [k for k in keys if k not in values], [k for k in values if k not in keys]
+    if missing:
+        raise UsageError(f"{where}: the chosen values lack {missing[0]!r}, which the grid tunes; {again}")
+    if extra:
+        raise UsageError(f"{where}: the chosen values hold {extra[0]!r}, which the grid does not tune (set it in the "
+                         f"study's method entry instead); {again}")
+    if values not in points(tuning, label):
+        key = next((k for k in keys if values[k] not in space(tuning, label)[k]), keys[0])
+        raise UsageError(f"{where}: {key}={values[key]!r} is no point of its grid ({space(tuning, label)[key]}); "
+                         f"{again}")
+    tried = [t for t in entry.get("tried") or [] if isinstance(t, dict) and t.get("values") == values]
+    if not any(t.get("val_score") is not None for t in tried):
+        raise UsageError(f"{where}: {', '.join(f'{k}={v!r}' for k, v in values.items())} was never tried, or failed, "
+                         f"on the tuning seeds; {again}")

@@ -217,8 +217,12 @@ def check_config_files(paths: Sequence[str | Path]) -> None:
         docs.append((path, load_yaml(text, str(path))))
     if not docs:
         return
+    for path, doc in docs:  # Snakemake refuses these itself, `plan` only here
+        if not isinstance(doc, dict):
+            what = "is empty" if doc is None else f"holds a {type(doc).__name__}, not a mapping of keys"
+            raise UsageError(f"{path}: {what}; a study file maps keys such as study, run_config, seeds, scenarios "
+                             "and methods to their values")
     first, doc = docs[0]
-    # Snakemake has refused a document that is not a mapping
     if "study" not in doc:
         raise UsageError(f"{first}: holds no `study:`, so it is no study file. Give a study first and this file "
                          f"after it to override the study's keys, e.g. --configfile config/config.yaml {first}")
@@ -226,6 +230,31 @@ def check_config_files(paths: Sequence[str | Path]) -> None:
         if "study" in doc:
             raise UsageError(f"{path}: a second study (study: {doc['study']!r}) after {first}; give one study file, "
                              "then files that override its keys")
+
+
+def check_study(config: dict[str, Any]) -> None:
+    """The one check of a study's own keys, after its files (check_config_files) and the schema:
+    study.smk's DAG build and `fedfactor plan` call it, so both refuse a study with the same line. In
+    order: the overrides, `select`, every method's name (and at least one implemented), the tuning
+    section, the report's spec, the paper and claims sections. Nothing here loads a run config."""
+    from . import tuning
+    from .report.spec import check_spec
+    from .report.study import check_study_sections
+
+    if "simulation" in config:
+        return
+    check_overrides(config)
+    selected(config, "scenarios")
+    check_method_names(config)
+    runs = implemented(config, selected(config, "methods"))
+    methods = [m for m, ok in runs.items() if ok]
+    if not methods:
+        listed = ", ".join(f"{m} ({config['methods'][m]['name']})" for m in runs)
+        raise UsageError(f"none of the study's methods is implemented yet: {listed}")
+    if tuning_file(config):
+        tuning.check(config["tuning"], methods, config["methods"])
+    check_spec(study_spec(config, list(config["scenarios"]), implemented(config, list(config["methods"]))))
+    check_study_sections(config)
 
 
 def check_results_folder(results: str) -> None:

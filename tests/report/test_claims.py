@@ -173,6 +173,24 @@ def test_ratio_of_bytes_the_same_in_every_seed_and_of_accuracies(runs, tmp_path)
         "reproduced", "within noise", "not reproduced"]
 
 
+@pytest.mark.parametrize("seeds_at_zero, says", [([0, 1, 2], "every seed"), ([1], "seed 1")])
+def test_a_ratio_to_a_method_that_sends_nothing_is_not_applicable_never_infinite(tmp_path, seeds_at_zero, says):
+    for seed in range(3):
+        _run(tmp_path, "s1", "a", seed, 0.7, nbytes=9e5)
+        _run(tmp_path, "s1", "local", seed, 0.6, nbytes=0 if seed in seeds_at_zero else 1e5)
+    study = _study([_claim("cheap", kind="ratio", a="a", b="local", scenarios=["s1"], min=2.0),
+                    _claim("acc", kind="ratio", metric="accuracy", a="a", b="local", scenarios=["s1"], min=1.1)])
+    f = _verdicts(study, tmp_path, tmp_path / "out")
+    assert f.loc["cheap", "verdict"] == "not applicable"
+    assert f.loc["cheap", "observed"] == f"s1: a 0.0009 / local {0.0001 * (3 - len(seeds_at_zero)) / 3:.4f}: not " \
+                                         f"applicable, local sends nothing ({says})"
+    assert f.loc["cheap", "interval"] == f"s1: a / local: local sends nothing in {says} (not applicable)"
+    assert "inf" not in " ".join(f.loc["cheap"].astype(str))
+    assert f.loc["acc", "verdict"] == "reproduced"  # the accuracies' ratio is unaffected
+    assert "2 claims: 1 reproduced, 0 not reproduced, 0 within noise, 1 not applicable, 0 not run" in \
+        (tmp_path / "out" / "claims.md").read_text()
+
+
 def test_drop_from_one_scenario_to_another(runs, tmp_path):
     study = _study([_claim("falls", kind="drop", method="local", **{"from": "s1"}, to="s2", margin=5.0),
                     _claim("about", kind="drop", method="local", **{"from": ["s1"]}, to=["s2"], margin=20.0),

@@ -35,6 +35,11 @@ def tuned_or_stop(wildcards):
     return []
 
 
+def tuned_rounds():
+    """Each scenario's rounds, the budget its chosen values must have been tuned under."""
+    return {s: load_config(RUN_CONFIG, scenario_run_sets(s)).fl.rounds for s in SCENARIOS}
+
+
 def tuning_asked():
     """`snakemake tune`: the plan, live table and closing lines of the Snakefile are the final runs',
     not the tuning's (known once the DAG is built: onstart and after)."""
@@ -77,36 +82,30 @@ try:
     # A variant's runs go to an experiment of their own (<experiment>+<variant>), so MLflow never shows
     # two runs of one name from a study and its variant.
     MLFLOW_EXPERIMENT += STUDY_FOLDER[len(config["study"]):]
-    check_overrides(config)
+    # The study's own keys, checked as `fedfactor plan` checks them: a bad paper mapping (down to its
+    # CSV rows) or claim fails now, not after training.
+    check_study(config)
     SCENARIOS = selected(config, "scenarios")
     # Methods a study lists before they are implemented (a paper's baselines, marked `implemented:
     # false`) are skipped, and the tables, claims and report name them; they never fail the DAG unless
-    # no method is left. Any other name must be registered: a typo is refused, not skipped.
-    check_method_names(config)
+    # no method is left (check_study). Any other name must be registered: a typo is refused, not skipped.
     LISTED = implemented(config, list(config["methods"]))
     IMPLEMENTED = {m: LISTED[m] for m in selected(config, "methods")}
     METHODS = [m for m, ok in IMPLEMENTED.items() if ok]
     NOT_IMPLEMENTED = [m for m, ok in IMPLEMENTED.items() if not ok]
-    if not METHODS:
-        listed = ", ".join(f"{m} ({config['methods'][m]['name']})" for m in IMPLEMENTED)
-        raise UsageError(f"none of the study's methods is implemented yet: {listed}")
     OVERRIDES = {s: scenario_overrides(config, s) for s in SCENARIOS}
     # Hyperparameters chosen on validation (tuning.file), which the final runs take. Without that
     # file, or with a stale one, only the tuning itself can be built (`snakemake tune`).
     TUNING = config["tuning"] if tuning_file(config) else None
     TUNED, UNTUNED = None, None  # the chosen values, or why there are none
     if TUNING:
-        tuning.check(TUNING, METHODS, config["methods"])
         try:
-            TUNED = tuning.read_chosen(TUNING, SCENARIOS, METHODS)
+            TUNED = tuning.read_chosen(TUNING, SCENARIOS, METHODS, tuned_rounds())
         except UsageError as e:
             UNTUNED = e
     # The report steps see every scenario and method the study lists: those `select` left out show
     # as "not run" in the paper tables and claims.
     SPEC = study_spec(config, list(config["scenarios"]), LISTED)
-    # a bad paper mapping (down to its CSV rows) or claim fails now, not after training
-    check_spec(SPEC)
-    check_study_sections(config)
     # A job step (SLURM) parses this file again: the main process has checked the runs.
     if workflow.is_main_process:
         check_runs(RUN_CONFIG, checked_runs())

@@ -38,7 +38,7 @@ def tune_select_spec(wildcards):
     """What tune_select needs of the study, as JSON: its tuning section, scenarios, methods, rounds."""
     return json.dumps({
         "study": config["study"], "tuning": TUNING, "scenarios": SCENARIOS, "methods": METHODS,
-        "rounds": {s: load_config(RUN_CONFIG, scenario_run_sets(s)).fl.rounds for s in SCENARIOS}})
+        "rounds": tuned_rounds()})
 
 
 # The command that asked for the tuning, for the chosen values' provenance. It reaches tune_select

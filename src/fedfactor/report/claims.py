@@ -17,7 +17,9 @@ nothing about how far the next seed would move it; bytes are the exception and a
 value, because a run's communication is set by the model, the rounds and the clients that take part,
 not by the training's randomness. A claim is `reproduced` when every comparison is, `not reproduced`
 when any is not, `within noise` otherwise, and `not run` when a needed run is missing or a method is
-not implemented yet (the `missing` column says which).
+not implemented yet (the `missing` column says which). A ratio whose denominator is zero in a seed (a
+method that sends nothing) has no quantity: that comparison, and the claim unless another comparison
+is not reproduced, is `not applicable`, with the reason.
 
 The report gives the means, the quantity with its interval, test and p-value (two-sided, against no
 difference or a ratio of 1), the condition, the number of seeds and how many seeds agree on their own.
@@ -47,7 +49,9 @@ REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
 WITHIN_NOISE = "within noise"
 NOT_RUN = "not run"
-VERDICTS = (REPRODUCED, NOT_REPRODUCED, WITHIN_NOISE, NOT_RUN)
+# a ratio whose denominator is zero in some seed (a method that sends nothing): no number to decide on
+NOT_APPLICABLE = "not applicable"
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, WITHIN_NOISE, NOT_APPLICABLE, NOT_RUN)
 INTERVAL_HEAD = "quantity per seed: mean, 95 % CI, test"
 COLUMNS = ["smoke_run", "id", "mode", "kind", "verdict", "claim", "observed", "interval", "condition", "seeds",
            "seeds_agree", "missing", "source", "note"]
@@ -154,6 +158,8 @@ class _Check:
     def interval(self) -> str:
         """`s1: a vs b: +10.00 pp, 95 % CI [+7.52, +12.48], paired t-test p=0.0033, n=3 (reproduced)`."""
         e, u = self.estimate, self.unit
+        if math.isnan(e.value):  # no quantity (a ratio to zero): the reason alone
+            return f"{self.label}: {e.test} ({self.verdict})"
         ci = "" if math.isnan(e.lo) or e.lo == e.hi else f", 95 % CI [{_num(e.lo, u)}, {_num(e.hi, u)}]"
         return f"{self.label}: {_num(e.value, u)}{' ' + u if u else ''}{ci}, {e.test} ({self.verdict})"
 
@@ -257,7 +263,7 @@ def _checks(claim, reader: _Reader) -> tuple[list[_Check], str]:
 
 def _ratio(claim: RatioClaim, reader: _Reader) -> tuple[list[_Check], str]:
     def ratio(a: float, b: float) -> float:
-        return a / b if b else (math.inf if a else math.nan)
+        return a / b
 
     region = _Region(-math.inf if claim.min is None else claim.min, math.inf if claim.max is None else claim.max)
     out = []
@@ -265,6 +271,16 @@ def _ratio(claim: RatioClaim, reader: _Reader) -> tuple[list[_Check], str]:
     for s in claim.scenarios:
         va, vb = reader.get(claim.a, s, claim.metric_of(claim.a)), reader.get(claim.b, s, claim.metric_of(claim.b))
         if va is None or vb is None:
+            continue
+        zero = [seed for seed, x in vb.per_seed.items() if x == 0]
+        if zero:  # a / 0 is no quantity: say so instead of an infinite ratio that any minimum meets
+            b = _name(claim, claim.b)
+            why = f"{b} sends nothing" if unit == "GB" else f"{b} is 0"
+            seeds = "every seed" if len(zero) == vb.n else f"seed{'s' if len(zero) > 1 else ''} " + \
+                ", ".join(map(str, zero))
+            out.append(_Check(f"{s}: {_name(claim, claim.a)} {_fmt(va.mean, unit)} / {b} {_fmt(vb.mean, unit)}: "
+                              f"{NOT_APPLICABLE}, {why} ({seeds})", f"{s}: {_name(claim, claim.a)} / {b}",
+                              _Estimate(math.nan, math.nan, math.nan, f"{why} in {seeds}"), NOT_APPLICABLE, 0, 0, ""))
             continue
         est = _estimate([va, vb], ratio, 1.0, unit == "GB", None)
         agree, paired = _paired([va, vb], lambda a, b: region.holds(ratio(a, b)))
@@ -308,8 +324,9 @@ def _best(claim: BestClaim, reader: _Reader, unit: str) -> tuple[list[_Check], s
 
 def _verdict(checks: list[_Check]) -> str:
     verdicts = {c.verdict for c in checks}
-    if NOT_REPRODUCED in verdicts:
-        return NOT_REPRODUCED
+    for verdict in (NOT_REPRODUCED, NOT_APPLICABLE):
+        if verdict in verdicts:
+            return verdict
     return WITHIN_NOISE if WITHIN_NOISE in verdicts else REPRODUCED
 
 
@@ -380,7 +397,9 @@ def verdict_counts(frame: pd.DataFrame) -> str:
     """`N claims: a reproduced, b not reproduced, ...` of evaluate_claims' frame (the report's line and
     the command's)."""
     counts = frame["verdict"].value_counts()
-    return f"{len(frame)} claims: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
+    # "not applicable" is rare (a ratio to a method that sends nothing): named only where it occurs
+    shown = [v for v in VERDICTS if v != NOT_APPLICABLE or counts.get(v, 0)]
+    return f"{len(frame)} claims: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in shown)
 
 
 def evaluate_claims(study: StudySpec, summaries: Sequence[str | Path], out_dir: str | Path) -> pd.DataFrame:
