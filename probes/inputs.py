@@ -579,6 +579,9 @@ study_case("study file holds false", text="false\n")
 study_case("method name with a typo beside a sound one",
            lambda s: s.update(methods={"fedavg": {"name": "fedavg"}, "x": {"name": "fedavgg"}}))
 study_case("results is a file", extra=write("results", "not a folder\n"))
+# issue 51: whole numbers the schema takes as 2.0
+study_case("runs_per_job: 2.0", lambda s: s.update(runs_per_job=2.0))
+study_case("seeds: [0.0]", lambda s: s.update(seeds=[0.0]))
 
 # -- tuning files: a study's chosen values, checked when `snakemake -n` reads them (issue 51) ----------
 

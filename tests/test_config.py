@@ -298,7 +298,8 @@ def _numeric_keys(model, prefix=""):
 
 
 @pytest.mark.parametrize("key", sorted(_numeric_keys(Config)))
-def test_every_number_of_the_run_config_refuses_true_false_nan_and_infinity(key):
-    for value in ("true", "false", ".nan", ".inf"):
+def test_every_number_of_the_run_config_refuses_true_false_nan_infinity_and_negatives(key):
+    # every count, rate, share and seed of the config is at least 0
+    for value in ("true", "false", ".nan", ".inf", "-1"):
         with pytest.raises(UsageError, match=re.escape(key)):
             _checked(None, [f"{key}={value}"])

@@ -215,7 +215,8 @@ def _bad_study(tmp_path, **change):
     ({"tuning": {"file": "t.yaml", "seeds": [1], "points": 2.0, "common": {"fl.lr": [0.1, 0.2]}}},
      r"tuning.points must be a whole number \(got 2.0\)"),
     ({"methods": {"x": {"name": "fedavg"}}, "select": {"methods": ["y"]}}, "select.methods names 'y'"),
-], ids=["unknown method", "points 2.0", "select"])
+    ({"runs_per_job": 2.0}, r"runs_per_job must be a whole number \(got 2.0\)"),
+], ids=["unknown method", "points 2.0", "select", "runs_per_job 2.0"])
 def test_plan_refuses_a_study_in_one_line_naming_its_file(tmp_path, change, says):
     # the DAG build gives the same line: tests/test_workflow.py compares the two
     path = _bad_study(tmp_path, **change)

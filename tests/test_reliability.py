@@ -119,7 +119,7 @@ def test_rerun_of_a_finished_run(case, tmp_path, templates):
 
 # Some of the study files, through `snakemake -n` (tests/test_workflow.py has the rest of the workflow's)
 @cases_of(probe.STUDY, only=["no study: key", "fedprox mu: -1", "method name with a typo beside a sound one",
-                             "results is a file"])
+                             "results is a file", "runs_per_job: 2.0"])
 def test_study_files(case, tmp_path, templates):
     r = probe.run_subprocess(case, tmp_path / "case", templates, timeout=300)
     assert r.outcome == "clean", f"{case.id}: {r.outcome} (exit {r.status}): {r.last_line!r}"

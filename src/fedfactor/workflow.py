@@ -241,6 +241,11 @@ def check_study(config: dict[str, Any]) -> None:
     from .report.spec import check_spec
     from .report.study import check_study_sections
 
+    # the schema takes 2.0 for an integer, which then ends the DAG build in a traceback (range(2.0))
+    for key in ("threads_per_job", "runs_per_job", "gpus_per_job", "seeds"):
+        value = config.get(key)
+        if not all(type(v) is int for v in (value if isinstance(value, list) else [value] if value is not None else [])):
+            raise UsageError(f"{key} must be {'whole numbers' if key == 'seeds' else 'a whole number'} (got {value!r})")
     if "simulation" in config:
         return
     check_overrides(config)
