@@ -69,8 +69,9 @@ RERUN = "rerun of a finished run (a damaged kept checkpoint, run files that are 
 TUNING = "tuning files (snakemake -n)"
 PLAN = "plan"
 RATIO = "ratio claims to a method that sends nothing"
+DISK = "full disk (a run, a partition)"
 CLASSES = [CONFIG, YAML, OUT, PARTITION, NPZ, STUDY, RUNFILES, WEIGHTS, IMPORT, PREPARE, COUNTS, DEVICES,
-           DIVERGENCE, RERUN, TUNING, PLAN, RATIO]
+           DIVERGENCE, RERUN, TUNING, PLAN, RATIO, DISK]
 
 # The base of every training case: small and fast, so that a wrong success costs seconds.
 BASE = ["data.name=digits", "fl.clients=4", "tracking.enabled=false"]
@@ -102,6 +103,7 @@ def sets(items) -> list[str]:
 class Templates:
     root: Path  # runs/ (finished runs of TEMPLATE_METHODS), partition.json, study.json
     readonly: Path | None = None  # a folder nobody may write to, where one could be made
+    full: Path | None = None  # a folder on a full file system, where one could be made
 
     @property
     def runs(self) -> Path:
@@ -154,6 +156,26 @@ def readonly_folder(base: Path) -> Iterator[Path | None]:
             subprocess.run(["umount", str(path)], capture_output=True)
 
 
+@contextlib.contextmanager
+def full_folder(base: Path) -> Iterator[Path | None]:
+    """A folder on a file system with no space left: a 64 KiB tmpfs filled up, which needs root (None
+    elsewhere). Folders can still be made there; no file can be written."""
+    path = base / "full"
+    path.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path)],
+                                           capture_output=True).returncode != 0:
+        yield None
+        return
+    try:
+        with contextlib.suppress(OSError), open(path / "filler", "wb") as f:
+            while True:
+                f.write(bytes(4096))
+                f.flush()
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], capture_output=True)
+
+
 def can_make_readonly() -> bool:
     with tempfile.TemporaryDirectory() as tmp, readonly_folder(Path(tmp)) as ro:
         return ro is not None
@@ -169,12 +191,13 @@ Setup = Callable[[Path, Templates], None]
 class Case:
     id: str
     klass: str
-    argv: tuple[str, ...]  # `fedfactor ...` or `snakemake ...`; {case} and {readonly} are filled in
+    argv: tuple[str, ...]  # `fedfactor ...` or `snakemake ...`; {case}, {readonly} and {full} are filled in
     setup: Setup | None = None
     expect: int = 2
     forbidden: tuple[str, ...] = ()  # paths (relative to the case folder, or absolute) that must not exist
     needs_readonly: bool = False
-    # expect 0 only: a regex the output must match (the command goes on and reports the damage)
+    # a regex the output must match: with expect 0, the command goes on and reports the damage; with
+    # 1 or 2, what its one line must say (a full disk: the file and the free space where it was written)
     reported: str = ""
     kept: tuple[str, ...] = ()  # paths (relative to the case folder) that must still exist: a finished result
 
@@ -182,8 +205,13 @@ class Case:
     def snakemake(self) -> bool:
         return self.argv[0] == "snakemake"
 
+    @property
+    def needs_full(self) -> bool:
+        return any("{full}" in a for a in self.argv)
+
     def args(self, folder: Path, t: Templates) -> list[str]:
-        return [a.replace("{case}", str(folder)).replace("{readonly}", str(t.readonly)) for a in self.argv]
+        return [a.replace("{case}", str(folder)).replace("{readonly}", str(t.readonly)).replace("{full}", str(t.full))
+                for a in self.argv]
 
 
 CASES: list[Case] = []
@@ -658,6 +686,14 @@ add(RATIO, "fedfac sends 0 bytes", ["fedfactor", "claims", "runs", "--study", "s
     chain(copy_runs(lambda run: _edit_summary(bytes_total=0)(run)), _ratio_study), expect=0,
     reported=r"0 not reproduced, 0 within noise, 1 not applicable")
 
+# -- a full disk: one line naming what could not be written and the space left there (issue 51) -------
+# Each case writes to its own path on the one full file system (Templates.full); a run folder can still
+# be made there, so the run's first failed write names no file of its own.
+_NAMED = r"no space left to write (into )?/\S+ \(\d[\d.]* \w?i?B free on the file system of /"
+add(DISK, "train --out on a full disk", train(out="{full}/run"), expect=1, reported=_NAMED)
+add(DISK, "partition --out on a full disk", ["fedfactor", "partition", *sets(BASE), "--out", "{full}/p.json"],
+    expect=1, reported=_NAMED)
+
 # -- damaged run files: the reports ---------------------------------------------------------
 
 
@@ -998,6 +1034,8 @@ def classify(case: Case, status: int | None, output: str, stderr: str, new: list
         return "clean" if ok else "other"
     if status != case.expect:  # a signal (negative), or 1 for 2
         return "other"
+    if case.reported and not re.search(case.reported, output):
+        return "other"
     lines = stderr.strip().splitlines()
     prefix = PREFIXES[case.expect]
     ok = bool(lines) and lines[-1].startswith(prefix) and stderr.count(prefix) == 1
@@ -1177,12 +1215,16 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
     try:
-        with tempfile.TemporaryDirectory(prefix="fedfactor-probe-") as tmp, readonly_folder(Path(tmp)) as ro:
+        with tempfile.TemporaryDirectory(prefix="fedfactor-probe-") as tmp, readonly_folder(Path(tmp)) as ro, \
+                full_folder(Path(tmp)) as full:
             print(f"building templates in {tmp} ...", file=sys.stderr, flush=True)
-            t = Templates(build_templates(Path(tmp) / "templates"), ro)
+            t = Templates(build_templates(Path(tmp) / "templates"), ro, full)
             if ro is None:
                 print("no read-only folder can be made here: its cases are left out", file=sys.stderr)
                 cases = [c for c in cases if not c.needs_readonly]
+            if full is None:
+                print("no full file system can be made here: its cases are left out", file=sys.stderr)
+                cases = [c for c in cases if not c.needs_full]
             results: list[Result] = []
             with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
                 futures = [pool.submit(run_subprocess, c, Path(tmp) / "cases" / _folder_name(i, c), t, args.timeout)

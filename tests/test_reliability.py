@@ -8,6 +8,7 @@ allocate tens of GiB meets an address-space limit. `python -m probes.inputs` run
 separate processes, under load if asked, and counts the outcomes.
 """
 
+import re
 import sys
 from pathlib import Path
 
@@ -22,17 +23,18 @@ if str(REPO) not in sys.path:  # probes/ sits beside src/ and is not installed
 from probes import inputs as probe  # noqa: E402
 
 READONLY = probe.can_make_readonly()  # root without the right to mount cannot make a folder read-only
+FULL = READONLY  # a full file system is a tmpfs mount too
 
 
 @pytest.fixture(scope="module")
 def templates(tmp_path_factory):
     root = tmp_path_factory.mktemp("probe")
-    with probe.readonly_folder(root) as readonly:
-        yield probe.Templates(probe.build_templates(root / "templates"), readonly)
+    with probe.readonly_folder(root) as readonly, probe.full_folder(root) as full:
+        yield probe.Templates(probe.build_templates(root / "templates"), readonly, full)
 
 
 def cases_of(klass, only=None):
-    cases = [c for c in probe.select([klass]) if READONLY or not c.needs_readonly]
+    cases = [c for c in probe.select([klass]) if (READONLY or not c.needs_readonly) and (FULL or not c.needs_full)]
     if only is not None:
         cases = [c for c in cases if c.id.split("/", 1)[1] in only]
         assert len(cases) == len(only), only
@@ -142,3 +144,13 @@ def test_plan(case, tmp_path, templates):
 @cases_of(probe.RATIO)
 def test_ratio_claims(case, tmp_path, templates):
     assert_clean(case, tmp_path / "case", templates)
+
+
+@cases_of(probe.DISK)
+def test_a_full_disk(case, tmp_path, templates):
+    r = probe.run_in_process(case, tmp_path / "case", templates)
+    assert r.outcome == "clean", f"{case.id}: {r.outcome} (exit {r.status}): {r.last_line!r}"
+    # the file or folder being written, and the space left on the full file system, never "None"
+    assert re.search(rf"no space left to write (into )?{re.escape(str(templates.full))}/", r.last_line)
+    assert "None" not in r.last_line
+    assert f"0 B free on the file system of {templates.full}" in r.last_line

@@ -187,7 +187,7 @@ def select(tuning: dict[str, Any], scenarios: list[str], labels: list[str], run_
                 raise UsageError(f"tuning: every point of {label} in {scenario} failed; see its runs' logs under "
                                  f"{run_dir / scenario / label}")
             best = max(ok, key=lambda t: t["val_score"])  # the first of equal scores
-            chosen[scenario][label] = {"values": dict(best["values"]), "val_score": best["val_score"], "tried": tried}
+            chosen[scenario][label] = {"values": best["values"], "val_score": best["val_score"], "tried": tried}
     made = {key: value for key, value in provenance.items() if key != "rounds"}
     return {"version": FILE_VERSION, **made,
             "budget": {"points": tuning["points"], "rounds": provenance.get("rounds"), "seeds": seeds},

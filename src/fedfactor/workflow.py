@@ -244,7 +244,8 @@ def check_study(config: dict[str, Any]) -> None:
     # the schema takes 2.0 for an integer, which then ends the DAG build in a traceback (range(2.0))
     for key in ("threads_per_job", "runs_per_job", "gpus_per_job", "seeds"):
         value = config.get(key)
-        if not all(type(v) is int for v in (value if isinstance(value, list) else [value] if value is not None else [])):
+        values = value if isinstance(value, list) else [] if value is None else [value]
+        if not all(type(v) is int for v in values):
             raise UsageError(f"{key} must be {'whole numbers' if key == 'seeds' else 'a whole number'} (got {value!r})")
     if "simulation" in config:
         return
