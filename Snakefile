@@ -107,8 +107,11 @@ else:
 
     onsuccess:
         if tuning_asked():
+            # the study just tuned, with the files that gave it (a bare command would run the default study)
+            files = [shlex.quote(str(f)) for f in workflow.overwrite_configfiles or []]
+            again = " ".join(["snakemake --cores all", *(["--configfile", *files] if files else [])])
             print(f"fedfactor: tuned; the chosen values and every point's validation score are in {TUNING['file']} "
-                  "(commit it); `snakemake --cores all` then runs the study with them", flush=True)
+                  f"(commit it); `{again}` then runs the study with them", flush=True)
         else:
             print(finished_message(STUDY_DIR, rules.table.output.md, MLFLOW_URI), flush=True)
 

@@ -233,7 +233,9 @@ def test_snakemake_tune_trains_every_point_and_the_study_runs_at_the_chosen_valu
         "tuning": {"file": str(chosen), "seeds": [100], "points": 2, "common": {"fl.lr": [0.02, 1e12]}}}))
     doc_tuning = json.loads(study.read_text())["tuning"]
     argv = ["--directory", str(tmp_path), "--configfile", str(study)]
-    snakemake_in_process("tune", "--cores", "1", *argv)
+    tuned = snakemake_in_process("tune", "--cores", "1", *argv)
+    # the closing line names the command that runs this study, not the default one
+    assert f"`snakemake --cores all --configfile {study}` then runs the study with them" in tuned
     record = tmp_path / "results" / "tiny" / "tuning" / "chosen.yaml"
     assert chosen.read_text() == record.read_text()
     doc = yaml.safe_load(chosen.read_text())
