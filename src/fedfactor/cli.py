@@ -422,7 +422,7 @@ def cmd_plan(args) -> None:
     if gib is not None and not 0 < gib <= MAX_GPU_GIB:  # also false for nan: nan, inf, 0 and below plan nothing
         raise UsageError(f"--gpu-memory-gib must be a number of GiB above 0 and at most {MAX_GPU_GIB:,} (got {gib:g})")
     paths = plan.study_files(args.all, args.study)
-    device_memory = None if args.gpu_memory_gib is None else int(args.gpu_memory_gib * plan.GiB)
+    device_memory = None if gib is None else int(gib * plan.GiB)
     profile = None if args.profile == "none" else args.profile
 
     def node(config: dict) -> plan.Node:
