@@ -35,6 +35,7 @@ SMOKE_SCALE = {
                        "partition": {"samples_per_client": {"train": 10, "val": 4, "test": 4}}},
     "feddecomp_digits.yaml": {"fl": {"clients": 4}},
     "digits.yaml": {"fl": {"epochs": 1}},  # the full grid (default_grid.yaml): the default study's run config
+    "cpu_fedfac.yaml": {"fl": {"epochs": 1, "clients": 4}},  # the CPU-scale FedFac studies (config/studies/cpu/fedfac*.yaml)
 }
 
 

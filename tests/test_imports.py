@@ -33,6 +33,7 @@ LAYERS = [
     {"job"},
     {"tuning"},  # the grid, the selection and the file of chosen values, which the study's checks read
     {"workflow", "fedfac_simulation"},  # fedfac_simulation: FedFac's simulation study
+    {"verdicts"},  # every paper study's claims at each scale, read from the studies as the workflow expands them
     {"plan"},  # a study's needs, from its runs as the workflow expands them
     {"progress"},
     {"cli"},

@@ -34,7 +34,13 @@ from .conftest import SMOKE_SCALE as SCALE
 pytestmark = pytest.mark.slow  # every study dry-run in full and smoke-run end to end
 
 REPO = Path(__file__).resolve().parents[1]
-STUDIES = sorted((REPO / "config" / "studies").glob("*.yaml"))
+# the paper studies, then the CPU-scale ones (config/studies/cpu/, whose claims are the paper studies')
+STUDIES = sorted((REPO / "config" / "studies").glob("*.yaml")) + sorted((REPO / "config" / "studies" / "cpu").glob("*.yaml"))
+
+
+def _id(path: Path) -> str:
+    """`factorized_fl_label`, `cpu/factorized_fl`: unique, where two files share a name."""
+    return str(path.relative_to(REPO / "config" / "studies").with_suffix(""))
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 SMOKE_TITLE = "SMOKE RUN on synthetic data — not results"
 
@@ -66,7 +72,7 @@ def _dry_run(configfiles: list[Path], config: dict) -> str:
     return out.getvalue()
 
 
-@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", STUDIES, ids=_id)
 def test_every_study_dry_runs_in_full(path, tmp_path):
     study = yaml.safe_load(path.read_text())
     jobs = _jobs(_dry_run([path], {"results": str(tmp_path)}))
@@ -80,7 +86,7 @@ def test_every_study_dry_runs_in_full(path, tmp_path):
     for rule in ("table", "figures", "diagnose", "study_spec", "mlflow_init"):
         assert jobs[rule] == 1, rule
     assert jobs.get("paper_tables") == (1 if study.get("paper") else None)
-    assert jobs.get("claims") == (1 if study.get("claims") else None)
+    assert jobs.get("claims") == (1 if study.get("claims") or study.get("claims_from") else None)
 
 
 # FedFac's simulation study is synthetic by nature: it runs as it is, smaller
@@ -92,7 +98,7 @@ def _smoke_file(path: Path, root: Path) -> tuple[Path, dict]:
     study = yaml.safe_load(path.read_text())
     if "simulation" in study:
         extra = {"results": str(root / "results"), "overrides": SIMULATION}
-        out = root / f"{path.stem}.yaml"
+        out = root / f"{_id(path).replace('/', '-')}.yaml"
         out.write_text(json.dumps(extra))
         return out, {**study, **extra}
     done = [m for m, e in study["methods"].items() if e["name"] in METHODS]
@@ -106,7 +112,9 @@ def _smoke_file(path: Path, root: Path) -> tuple[Path, dict]:
     # paper studies' two threads a job would oversubscribe 2 cores (4 studies: 62 s with two, 43 s with one)
     extra = {"results": str(root / "results"), "data_root": str(root / "data"), "select": select,
              "overrides": overrides, "threads_per_job": 1}
-    out = root / f"{path.stem}.yaml"
+    if "tuning" in study:  # a tuned study's chosen values hold for its own budget, not a smoke run's
+        extra["tuning"] = {"use": False}
+    out = root / f"{_id(path).replace('/', '-')}.yaml"
     out.write_text(json.dumps(extra))
     return out, {**study, **extra, "done": done[:1], "missing": missing}
 
@@ -135,15 +143,15 @@ def smoke_runs(tmp_path_factory, fedfactor_env):
         files = [path, extra] if "simulation" in study else [path, scale, extra]
         # --nolock: the studies share results/data and the store; each writes its files atomically
         r = _snakemake("--cores", "2", "--nolock", "--configfile", *map(str, files), timeout=1800, env=fedfactor_env)
-        return path.stem, (r, study, root)
+        return _id(path), (r, study, root)
 
     with ThreadPoolExecutor(2) as pool:
         return dict(pool.map(run, STUDIES))
 
 
-@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", STUDIES, ids=_id)
 def test_every_study_runs_end_to_end_as_a_smoke_run(path, smoke_runs):
-    r, study, root = smoke_runs[path.stem]
+    r, study, root = smoke_runs[_id(path)]
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     out = root / "results" / study["study"]
     if "simulation" in study:
@@ -166,14 +174,21 @@ def test_every_study_runs_end_to_end_as_a_smoke_run(path, smoke_runs):
     if study.get("paper"):
         assert SMOKE_TITLE in (out / "tables" / "paper.md").read_text()
         assert (out / "tables" / "paper.tex").exists() and (out / "tables" / "paper.html").exists()
-    if study.get("claims"):
-        claims = pd.read_csv(out / "claims" / "claims.csv")
-        # a claim naming an as-run seed method is also checked with its text variant
+    if study.get("claims") or study.get("claims_from"):
+        claims = pd.read_csv(out / "claims" / "claims.csv", keep_default_na=False)
+        # a claim naming an as-run seed method is also checked with its text variant; a CPU-scale
+        # study's claims are its paper studies' (claims_from), each tested or left to paper scale
         variants = study.get("text_variants") or {}
-        both = sum(any(label in variants for label in _labels(c)) for c in study["claims"])
-        assert len(claims) == len(study["claims"]) + both
-        assert (claims["mode"] == "text").sum() == both
+        both = sum(any(label in variants for label in _labels(c)) for c in spec["claims"])
+        far = spec.get("paper_scale_only") or []
+        assert len(claims) == len(spec["claims"]) + both + sum(2 if d["text"] else 1 for d in far)
+        assert (claims["mode"] == "text").sum() == both + sum(d["text"] for d in far)
+        assert (claims["verdict"] == "needs paper scale").sum() == sum(2 if d["text"] else 1 for d in far)
+        origins = {doc["study"] for doc in (yaml.safe_load((REPO / e["study"]).read_text())
+                                            for e in study.get("claims_from") or [])} or {study["study"]}
+        assert set(claims["origin"]) == origins
         assert SMOKE_TITLE in (out / "claims" / "claims.md").read_text()
+        assert (out / "claims" / "comparisons.csv").exists()
     pngs = sorted(p.stem for p in (out / "figures").glob("*.png"))
     assert {"accuracy_rounds", "accuracy_bytes", "per_client"} <= set(pngs)
     assert (out / "diagnostics" / "diagnostics.md").exists()
@@ -217,3 +232,19 @@ def test_fedfac_table2_leaf_rows_run_as_smoke_runs_with_the_paper_numbers_beside
     assert set(leaf["dataset"]) == {"FEMNIST", "Shakespeare"}
     claims = pd.read_csv(out / "claims" / "claims.csv")
     assert len(claims) and SMOKE_TITLE in (out / "claims" / "claims.md").read_text()
+
+
+def test_the_verdict_page_lists_every_claim_and_takes_no_verdict_from_a_smoke_run(smoke_runs, tmp_path):
+    """Through the CPU-scale studies' smoke runs to the verdict page: every claim of every paper study
+    has its row, and none takes a verdict from synthetic data."""
+    root = next(iter(smoke_runs.values()))[2]
+    out = tmp_path / "verdicts.md"
+    r = subprocess.run(["fedfactor", "verdicts", "--results", str(root / "results"), "--out", str(out)], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    claims = {f"{d['study']}.{c['id']}" for d in (yaml.safe_load(p.read_text()) for p in STUDIES
+                                                 if p.parent.name == "studies") for c in d.get("claims") or []}
+    listed = re.findall(r"^\| \*\*([^*]+)\*\*: ", out.read_text(), re.M)
+    assert sorted(listed) == sorted(claims) and len(claims) == 92
+    assert (root / "results" / "cpu_factorized_fl" / "claims" / "claims.csv").exists()  # the smoke run's
+    assert "92 claims of 4 papers at CPU scale: 0 reproduced, 0 not reproduced, 0 within noise" in r.stdout

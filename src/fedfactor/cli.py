@@ -330,10 +330,20 @@ def cmd_claims(args) -> None:
     from .report.spec import load_study
 
     study = load_study(args.study)
-    if not study.claims:
+    if not study.claims and not study.paper_scale_only:
         print(f"study {study.study} lists no claims: nothing to evaluate, nothing written")
         return
     print(f"{verdict_counts(evaluate_claims(study, args.runs, Path(args.out)))} -> {args.out}")
+
+
+def cmd_verdicts(args) -> None:
+    from .report.claims import VERDICTS
+    from .verdicts import write_page
+
+    rows = write_page(Path(args.studies), Path(args.cpu), Path(args.results), Path(args.out))
+    counts = {v: sum(r.cpu_verdict(r.modes[0]) == v for r in rows) for v in VERDICTS}
+    print(f"{len(rows)} claims of {len({r.paper for r in rows})} papers at CPU scale: "
+          + ", ".join(f"{n} {v}" for v, n in counts.items()) + f" -> {args.out}")
 
 
 def cmd_figures(args) -> None:
@@ -569,6 +579,14 @@ def _add_table_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--out", required=True, help="output directory")
         p.set_defaults(func=func)
 
+    p = sub.add_parser("verdicts", help="every claim of the paper studies with its verdict at CPU scale and at paper "
+                                        "scale: one markdown page and a figure per paper beside it")
+    p.add_argument("--studies", default="config/studies", help="the paper studies (default: %(default)s)")
+    p.add_argument("--cpu", default="config/studies/cpu", help="the CPU-scale studies (default: %(default)s)")
+    p.add_argument("--results", default="results", help="the results root (default: %(default)s)")
+    p.add_argument("--out", default="docs/verdicts.md", help="the page (default: %(default)s)")
+    p.set_defaults(func=cmd_verdicts)
+
 
 def _add_figure_commands(sub: argparse._SubParsersAction) -> None:
     """figures, curves, figure and diagnose."""
@@ -645,7 +663,7 @@ OUTPUTS = {
     "train": [("out", "folder")], "train-runs": [("done", "file")], "partition": [("out", "file")],
     "prepare-data": [("root", "folder"), ("out", "file")], "mlflow-init": [("out", "file")],
     "table": [("out_md", "file"), ("out_csv", "file"), ("out_html", "file")], "study-spec": [("out", "file")],
-    "paper-tables": [("out", "folder")], "claims": [("out", "folder")], "figures": [("out", "folder")],
+    "paper-tables": [("out", "folder")], "claims": [("out", "folder")], "verdicts": [("out", "file")], "figures": [("out", "folder")],
     "curves": [("out", "file")], "figure": [("out", "file")], "diagnose": [("out", "folder"), ("figures", "folder")],
     "simulate": [("out", "folder")],
 }

@@ -169,7 +169,11 @@ def check_method_names(config: dict[str, Any]) -> None:
 
 
 def study_spec(config: dict[str, Any], scenarios: list[str], methods: dict[str, bool]) -> dict[str, Any]:
-    """What the report steps need to know about the study, as results/<study>/study.json holds it."""
+    """What the report steps need to know about the study, as results/<study>/study.json holds it:
+    its own claims and those it takes from other studies (report/borrow.py)."""
+    from .report.borrow import borrowed_claims
+
+    borrowed, paper_scale_only = borrowed_claims(config)
     return {
         "study": config["study"],
         "title": config.get("title") or config["study"],
@@ -178,8 +182,9 @@ def study_spec(config: dict[str, Any], scenarios: list[str], methods: dict[str, 
         "scenarios": scenarios,
         "methods": {m: {"name": config["methods"][m]["name"], "implemented": ok} for m, ok in methods.items()},
         "paper": config.get("paper"),
-        "claims": config.get("claims") or [],
+        "claims": [*(config.get("claims") or []), *borrowed],
         "text_variants": config.get("text_variants") or {},
+        "paper_scale_only": paper_scale_only,
         # where the final runs' hyperparameters were chosen on validation data, if they were
         "tuned": tuning_file(config),
     }

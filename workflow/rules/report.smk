@@ -79,13 +79,15 @@ rule paper_tables:
 
 
 rule claims:
-    """Each qualitative claim of the paper, tested on our runs: reproduced, not reproduced, within noise or not run."""
+    """Each qualitative claim of the paper, tested on our runs: reproduced, not reproduced, within noise or not run
+    (or needs paper scale, for a claim taken from a paper study); comparisons.csv holds each comparison as numbers."""
     input:
         study=rules.study_spec.output[0],
         runs=train_jobs(),
     output:
         md=f"{STUDY_DIR}/claims/claims.md",
         csv=f"{STUDY_DIR}/claims/claims.csv",
+        comparisons=f"{STUDY_DIR}/claims/comparisons.csv",
         html=report(
             f"{STUDY_DIR}/claims/claims.html",
             caption="../report/claims.rst",

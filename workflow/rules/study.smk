@@ -150,6 +150,6 @@ def study_targets():
     targets = rules.table.output + rules.figures.output + rules.diagnose.output
     if config.get("paper"):
         targets += rules.paper_tables.output
-    if config.get("claims"):
+    if config.get("claims") or config.get("claims_from"):
         targets += rules.claims.output
     return targets

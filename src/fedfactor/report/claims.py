@@ -24,7 +24,8 @@ is not reproduced, is `not applicable`, with the reason.
 The report gives the means, the quantity with its interval, test and p-value (two-sided, against no
 difference or a ratio of 1), the condition, the number of seeds and how many seeds agree on their own.
 
-`evaluate_claims(study, summaries, out_dir)` writes claims.md, claims.csv and claims.html.
+`evaluate_claims(study, summaries, out_dir)` writes claims.md, claims.csv and claims.html, and every
+comparison's quantity, interval and condition as numbers in comparisons.csv.
 """
 
 from __future__ import annotations
@@ -51,10 +52,15 @@ WITHIN_NOISE = "within noise"
 NOT_RUN = "not run"
 # a ratio whose denominator is zero in some seed (a method that sends nothing): no number to decide on
 NOT_APPLICABLE = "not applicable"
-VERDICTS = (REPRODUCED, NOT_REPRODUCED, WITHIN_NOISE, NOT_APPLICABLE, NOT_RUN)
+# a claim taken from another study (claims_from) that this scale cannot test (report/borrow.py)
+NEEDS_PAPER_SCALE = "needs paper scale"
+CHECKS = "comparisons"  # the key of a row's comparisons, which claims.csv leaves out
+CHECK_COLUMNS = ["origin", "id", "mode", "comparison", "unit", "value", "low", "high", "verdict", "condition_low",
+                 "condition_high"]
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, WITHIN_NOISE, NOT_APPLICABLE, NEEDS_PAPER_SCALE, NOT_RUN)
 INTERVAL_HEAD = "quantity per seed: mean, 95 % CI, test"
-COLUMNS = ["smoke_run", "id", "mode", "kind", "verdict", "claim", "observed", "interval", "condition", "seeds",
-           "seeds_agree", "missing", "source", "note"]
+COLUMNS = ["smoke_run", "origin", "id", "mode", "kind", "verdict", "claim", "observed", "interval", "condition",
+           "seeds", "seeds_agree", "missing", "source", "note", "scale_note"]
 
 
 @dataclass(frozen=True)
@@ -153,6 +159,7 @@ class _Check:
     agree: int
     paired: int
     unit: str  # pp, GB, or "" for a ratio
+    region: _Region | None = None  # where the quantity must lie (None: no quantity)
 
     @property
     def interval(self) -> str:
@@ -231,7 +238,7 @@ def _difference(claim, reader: _Reader, pairs, region: _Region, unit: str, verb:
         est = _estimate([va, vb], lambda a, b: a - b, 0.0, unit == "GB", (va, vb))
         agree, paired = _paired([va, vb], lambda a, b: region.holds(a - b))
         out.append(_Check(f"{text} ({d:+.{4 if unit == 'GB' else 2}f} {unit})", label, est, region.verdict(est),
-                          agree, paired, unit))
+                          agree, paired, unit, region))
     return out
 
 
@@ -287,7 +294,7 @@ def _ratio(claim: RatioClaim, reader: _Reader) -> tuple[list[_Check], str]:
         out.append(_Check(f"{s}: {_name(claim, claim.a)} {_fmt(va.mean, unit)} / {_name(claim, claim.b)} "
                           f"{_fmt(vb.mean, unit)} = {ratio(va.mean, vb.mean):.4g}",
                           f"{s}: {_name(claim, claim.a)} / {_name(claim, claim.b)}", est, region.verdict(est),
-                          agree, paired, ""))
+                          agree, paired, "", region))
     lo = "" if claim.min is None else f"{claim.min:g} <= "
     hi = "" if claim.max is None else f" <= {claim.max:g}"
     return out, f"{lo}a / b{hi} in every scenario"
@@ -315,7 +322,7 @@ def _best(claim: BestClaim, reader: _Reader, unit: str) -> tuple[list[_Check], s
         out.append(_Check(f"{s}: {_name(claim, claim.method)} {_fmt(mine.mean, unit)}, next best "
                           f"{_name(claim, claim.among[k])} {_fmt(others[k].mean, unit)} ({d:+.{4 if lowest else 2}f} "
                           f"{unit})", f"{s}: {_name(claim, claim.method)}'s lead", est, region.verdict(est),
-                          agree, paired, unit))
+                          agree, paired, unit, region))
     word = "lowest" if lowest else "highest"
     cond = f"{word} of the set" + (f" by >= {_fmt(claim.margin, unit)} {unit}" if claim.margin else "") + \
         " in every scenario"
@@ -330,26 +337,64 @@ def _verdict(checks: list[_Check]) -> str:
     return WITHIN_NOISE if WITHIN_NOISE in verdicts else REPRODUCED
 
 
-def evaluate_one(study: StudySpec, runs: StudyRuns, claim, smoke: bool = False, mode: str = "") -> dict:
-    reader = _Reader(study, runs)
+def evaluate_one(study: StudySpec, runs: StudyRuns, claim, smoke: bool = False, mode: str = "",
+                 reader: _Reader | None = None) -> dict:
+    """The claim's row; `reader` gives the numbers (default: the runs')."""
+    reader = reader or _Reader(study, runs)
     checks, condition = _checks(claim, reader)
     agree, paired = sum(c.agree for c in checks), sum(c.paired for c in checks)
     return {
-        "smoke_run": SMOKE_COLUMN if smoke else "",
+        "smoke_run": SMOKE_COLUMN if smoke else "", "origin": claim.origin or study.study,
         "id": claim.id, "mode": mode, "kind": claim.kind, "verdict": NOT_RUN if reader.missing else _verdict(checks),
         "claim": claim.claim, "observed": "; ".join(c.text for c in checks),
         "interval": "; ".join(c.interval for c in checks), "condition": condition,
         "seeds": min(reader.seeds) if reader.seeds else 0,
         "seeds_agree": f"{agree}/{paired}" if checks else "",
         "missing": "; ".join(reader.missing), "source": claim.source, "note": claim.note or "",
+        "scale_note": claim.scale_note or "",
+        CHECKS: [_check_row(claim, mode, study, c) for c in checks],
     }
+
+
+def _check_row(claim, mode: str, study: StudySpec, c: _Check) -> dict:
+    """One comparison as numbers, for comparisons.csv (the verdict page's figures)."""
+    e, r = c.estimate, c.region
+    return {"origin": claim.origin or study.study, "id": claim.id, "mode": mode, "comparison": c.label,
+            "unit": c.unit or "ratio", "value": e.value, "low": e.lo, "high": e.hi, "verdict": c.verdict,
+            "condition_low": r.low if r else math.nan, "condition_high": r.high if r else math.nan}
+
+
+def _deferred_rows(study: StudySpec, smoke: bool) -> list[dict]:
+    """A row per claim (and mode) this study takes from another but cannot test."""
+    rows = []
+    for d in study.paper_scale_only:
+        for mode in ("as run", "text") if d.text else ("",):
+            rows.append({"smoke_run": SMOKE_COLUMN if smoke else "", "origin": d.origin, "id": d.id, "mode": mode,
+                         "kind": "", "verdict": NEEDS_PAPER_SCALE, "claim": d.claim, "observed": "", "interval": "",
+                         "condition": "", "seeds": 0, "seeds_agree": "", "missing": d.reason, "source": d.source,
+                         "note": d.note or "", "scale_note": ""})
+    return rows
 
 
 def _md(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _markdown(title: str, intro: list[str], frame: pd.DataFrame) -> str:
+def _label(r, study: str) -> str:
+    """A claim's id; one taken from another study (claims_from) prefixed with that study."""
+    return r.id if r.origin == study else f"{r.origin}.{r.id}"
+
+
+def _why(r) -> str:
+    """What a row lacks: the runs it misses, or why it needs paper scale."""
+    return f"{'paper scale only' if r.verdict == NEEDS_PAPER_SCALE else 'missing'}: {r.missing}"
+
+
+def _notes(r) -> str:
+    return " ".join(x for x in (r.note, r.scale_note and f"At this scale: {r.scale_note}.") if x)
+
+
+def _markdown(title: str, intro: list[str], frame: pd.DataFrame, study: str) -> str:
     out = [f"# {title}", "", *(f"{line}  " for line in intro), ""]
     if frame.empty:
         return "\n".join(out + ["This study lists no claims."]) + "\n"
@@ -357,10 +402,10 @@ def _markdown(title: str, intro: list[str], frame: pd.DataFrame) -> str:
             "seeds agreeing", "source"]
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in frame.itertuples():
-        observed = r.observed if not r.missing else "; ".join(x for x in (f"missing: {r.missing}", r.observed) if x)
-        out.append("| " + " | ".join(_md(x) for x in (r.id, r.mode, f"**{r.verdict}**", r.claim, observed, r.interval,
+        observed = r.observed if not r.missing else "; ".join(x for x in (_why(r), r.observed) if x)
+        out.append("| " + " | ".join(_md(x) for x in (_label(r, study), r.mode, f"**{r.verdict}**", r.claim, observed, r.interval,
                                                      r.condition, r.seeds, r.seeds_agree, r.source)) + " |")
-    notes = [f"- {r.id}: {_md(r.note)}" for r in frame.itertuples() if r.note]
+    notes = [f"- {_label(r, study)}: {_md(_notes(r))}" for r in frame.itertuples() if _notes(r)]
     if notes:
         out += ["", "Notes:", "", *notes]
     return "\n".join(out) + "\n"
@@ -371,7 +416,7 @@ def _lines(text: str) -> str:
     return "<br>".join(html.escape(x) for x in text.split("; ") if x)
 
 
-def _html(title: str, intro: list[str], frame: pd.DataFrame, smoke: bool) -> str:
+def _html(title: str, intro: list[str], frame: pd.DataFrame, smoke: bool, study: str) -> str:
     body = [f"<p>{html.escape(line)}</p>" for line in intro]
     if frame.empty:
         body.append("<p>This study lists no claims.</p>")
@@ -382,12 +427,12 @@ def _html(title: str, intro: list[str], frame: pd.DataFrame, smoke: bool) -> str
     for r in frame.itertuples():
         observed = _lines(r.observed)
         if r.missing:
-            observed = (f'<span class="missing">missing: {html.escape(r.missing)}</span>'
+            observed = (f'<span class="missing">{html.escape(_why(r))}</span>'
                         + ("<br>" + observed if observed else ""))
         cls = r.verdict.replace(" ", "-")
-        cells = [html.escape(r.id), html.escape(r.mode), f'<span class="{cls}">{html.escape(r.verdict)}</span>',
+        cells = [html.escape(_label(r, study)), html.escape(r.mode), f'<span class="{cls}">{html.escape(r.verdict)}</span>',
                  html.escape(r.claim), observed, _lines(r.interval), html.escape(r.condition), str(r.seeds), html.escape(r.seeds_agree), html.escape(r.source),
-                 html.escape(r.note)]
+                 html.escape(_notes(r))]
         body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     body.append("</tbody></table>")
     return html_page(title, body, smoke)
@@ -397,8 +442,9 @@ def verdict_counts(frame: pd.DataFrame) -> str:
     """`N claims: a reproduced, b not reproduced, ...` of evaluate_claims' frame (the report's line and
     the command's)."""
     counts = frame["verdict"].value_counts()
-    # "not applicable" is rare (a ratio to a method that sends nothing): named only where it occurs
-    shown = [v for v in VERDICTS if v != NOT_APPLICABLE or counts.get(v, 0)]
+    # "not applicable" (a ratio to a method that sends nothing) and "needs paper scale" (a claim taken
+    # from a paper study) are rare: named only where they occur
+    shown = [v for v in VERDICTS if v not in (NOT_APPLICABLE, NEEDS_PAPER_SCALE) or counts.get(v, 0)]
     return f"{len(frame)} claims: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in shown)
 
 
@@ -413,6 +459,8 @@ def evaluate_claims(study: StudySpec, summaries: Sequence[str | Path], out_dir: 
         rows.append(evaluate_one(study, runs, c, smoke, "as run" if text else ""))
         if text:  # the same claim with the text-as-written variants: which of the two reproduces
             rows.append(evaluate_one(study, runs, text, smoke, "text"))
+    rows += _deferred_rows(study, smoke)
+    checks = pd.DataFrame([c for r in rows for c in r.pop(CHECKS, [])], columns=CHECK_COLUMNS)
     frame = pd.DataFrame(rows, columns=COLUMNS)
     title = f"{SMOKE_TITLE if smoke else ''}Claims: {study.title}"
     intro = [f"Study {study.study}; seeds {', '.join(map(str, study.seeds))}; our protocol: "
@@ -430,9 +478,13 @@ def evaluate_claims(study: StudySpec, summaries: Sequence[str | Path], out_dir: 
              *(["A claim about a seed method is checked twice: 'as run' (the authors' code's behaviour, the "
                 "default) and 'text' (the paper's text as written: " + ", ".join(
                     f"{t} for {a}" for a, t in study.text_variants.items()) + ")."] if study.text_variants else []),
+             *(["Claims taken from other studies (claims_from) carry that study's name before their id; one this "
+                "scale cannot test is 'needs paper scale', with the reason, and one tested on some of its "
+                "scenarios says which are left to paper scale."] if (frame["origin"] != study.study).any() else []),
              verdict_counts(frame) + "."]
     out = Path(out_dir)
     atomic_write_text(out / "claims.csv", frame.to_csv(index=False))
-    atomic_write_text(out / "claims.md", _markdown(title, intro, frame))
-    atomic_write_text(out / "claims.html", _html(title, intro, frame, smoke))
+    atomic_write_text(out / "comparisons.csv", checks.to_csv(index=False))
+    atomic_write_text(out / "claims.md", _markdown(title, intro, frame, study.study))
+    atomic_write_text(out / "claims.html", _html(title, intro, frame, smoke, study.study))
     return frame

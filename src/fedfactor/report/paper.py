@@ -512,7 +512,7 @@ th { background: #eee; }
 .missing { color: #a40000; } .none { color: #999; }
 .smoke { background: #b00; color: #fff; padding: .6em 1em; font-weight: 700; }
 .reproduced { color: #116329; font-weight: 600; } .not-reproduced { color: #a40000; font-weight: 600; }
-.within-noise { color: #9a6700; font-weight: 600; } .not-run, .not-applicable { color: #777; font-weight: 600; }
+.within-noise { color: #9a6700; font-weight: 600; } .not-run, .not-applicable, .needs-paper-scale { color: #777; font-weight: 600; }
 p.note, ol.notes { color: #555; font-size: 12px; }
 """.strip()
 

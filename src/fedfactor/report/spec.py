@@ -228,6 +228,10 @@ class _Claim(_Strict):
     source: Name  # where: paper, section, table or figure
     note: Name | None = None  # why this reading, where the paper's own numbers disagree, ...
     metric: ClaimMetric = "accuracy"
+    # set on a claim taken from another study (borrow.py): that study, and which of its scenarios
+    # this scale cannot test
+    origin: Name | None = None
+    scale_note: Name | None = None
 
     def sides(self) -> list[Side]:
         raise NotImplementedError
@@ -393,6 +397,35 @@ class MethodEntry(_Strict):
     implemented: bool
 
 
+class PaperScaleOnly(_Strict):
+    """The scenarios and methods of another study a scale cannot test, each with the reason."""
+
+    scenarios: dict[Name, Name] = {}
+    methods: dict[Name, Name] = {}
+
+
+class ClaimsFrom(_Strict):
+    """One entry of a study's `claims_from` (borrow.py): another study's claims, tested here."""
+
+    study: Name  # that study's YAML file, from the repository root
+    scenarios: dict[Name, Name] = {}  # its scenario -> ours
+    methods: dict[Name, Name] = {}  # its method label -> ours, where they differ
+    needs_paper_scale: PaperScaleOnly = PaperScaleOnly()
+
+
+class DeferredClaim(_Strict):
+    """A claim of another study that this study cannot test (borrow.py): its verdict here is
+    `needs paper scale`, with the reason."""
+
+    origin: Name
+    id: Name
+    claim: Name
+    source: Name
+    note: Name | None = None
+    reason: Name
+    text: bool = False  # it names an as-run method with a text variant: a row for each mode
+
+
 class StudySpec(_Strict):
     study: Name
     title: Name
@@ -407,6 +440,8 @@ class StudySpec(_Strict):
     text_variants: dict[Name, Name] = {}
     # the file of hyperparameters chosen on validation that the final runs use (None: untuned)
     tuned: Name | None = None
+    # claims taken from other studies (claims_from, borrow.py) that this study cannot test
+    paper_scale_only: list[DeferredClaim] = []
 
     @model_validator(mode="after")
     def _references(self) -> StudySpec:
@@ -453,7 +488,7 @@ def reference_problem(paper: PaperSpec | None, claims: Sequence[Any], scenarios:
     for i, t in enumerate(paper.tables if paper else []):
         checks += [(t.scenario_names(), scenarios, "scenario", f"paper.tables[{i}]"),
                    (t.labels(), methods, "method", f"paper.tables[{i}]")]
-    ids = [c.id for c in claims]
+    ids = [f"{c.origin}.{c.id}" if c.origin else c.id for c in claims]
     for c in claims:
         checks += [(c.scenario_names(), scenarios, "scenario", f"claim {c.id!r}"),
                    ([s.method for s in c.sides()], methods, "method", f"claim {c.id!r}")]
