@@ -34,7 +34,8 @@ def test_mean_spread_and_interval_over_seeds_of_the_reported_accuracy(tmp_path):
     # seeds 50, 70, 60: mean 60.00, sample std 10.00, interval 60 -+ T2 * 10 / sqrt(3) = [35.2, 84.8]
     assert "| 60.00 +- 10.00 [35.2, 84.8] (n=3) |" in rows["fedavg"]
     assert "| 90.00 (n=1, no interval) |" in rows["fedavg"]  # one seed: neither a spread nor an interval
-    assert "| 40.00 +- 0.00 [40.0, 40.0] (n=2) |" in rows["local"]  # no spread: the interval is the mean
+    # no spread: the interval is the mean; two seeds are marked as few
+    assert "| 40.00 +- 0.00 [40.0, 40.0] (n=2, few seeds) |" in rows["local"]
     assert rows["local"].count("| - |") == 1  # no run of local in scenario b
     assert rows["fedavg"].endswith("| 1.5000 - 2.0000 |")
     assert rows["local"].endswith("| 0.0000 |")
@@ -155,3 +156,19 @@ def test_runs_on_synthetic_data_are_flagged_in_every_output_and_skipped_methods_
     assert pd.read_csv(tmp_path / "t.csv")["smoke_run_synthetic_data"].all()
     page = (tmp_path / "t.html").read_text()
     assert "SMOKE RUN on synthetic data" in page and "<td>fedavg</td>" in page and "fedper" in page
+
+
+def test_an_interval_beyond_0_100_percent_is_shown_at_the_bound_and_marked(tmp_path):
+    """Two seeds at 20 % and 99 %: the t interval of the mean runs from about -442 % to 561 %; a mean of
+    accuracies cannot lie there, so the table shows 0.0 and 100.0, each marked, and says n is few."""
+    for seed, acc in enumerate([0.2, 0.99]):
+        _summary(tmp_path / f"a/f/{seed}", "a", "f", seed, acc)
+    for seed, acc in enumerate([0.5, 0.6, 0.7]):
+        _summary(tmp_path / f"a/g/{seed}", "a", "g", seed, acc)
+    md = write_tables(collect([tmp_path]), tmp_path / "t.md", tmp_path / "t.csv")
+    rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| ")}
+    assert "| 59.50 +- 55.86 [0.0*, 100.0*] (n=2, few seeds) |" in rows["f"]
+    assert "| 60.00 +- 10.00 [35.2, 84.8] (n=3) |" in rows["g"]  # inside the range: as it is, no mark
+    assert "marked *" in md
+    low = pd.read_csv(tmp_path / "t.csv").set_index("method").loc["f", "accuracy_ci_low"]
+    assert low < -4  # the csv keeps the interval as computed

@@ -130,6 +130,22 @@ class Quantity:
 
 
 CONFIDENCE = 0.95  # of every interval the tables and claims give
+# a t interval of two seeds is 12.7 standard errors either side of the mean: a cell of fewer seeds
+# says so beside its n
+FEW_SEEDS = 3
+CLIPPED = "*"  # marks an interval's end shown at the metric's bound instead of beyond it
+
+
+def shown_interval(lo: float, hi: float, low: float, high: float, fmt: str) -> str:
+    """`[35.2, 84.8]`: an end beyond [low, high] (an accuracy's 0-100 %) is shown at the bound and
+    marked, since a mean of accuracies cannot lie outside them."""
+    ends = [f"{min(max(x, low), high):{fmt}}" + (CLIPPED if x < low or x > high else "") for x in (lo, hi)]
+    return f"[{ends[0]}, {ends[1]}]"
+
+
+def seeds_note(n: int, of: str = "") -> str:
+    """`n=5`, `n=2 of 3` (`of`), and `, few seeds` after it where the interval says little."""
+    return f"n={n}{of}" + (", few seeds" if 1 < n < FEW_SEEDS else "")
 
 
 def t_interval(values: Sequence[float]) -> tuple[float, float]:

@@ -66,13 +66,16 @@ COLUMNS = ["smoke_run", "origin", "id", "mode", "kind", "verdict", "claim", "obs
 @dataclass(frozen=True)
 class _Estimate:
     """A comparison's quantity over seeds: its value, 95 % interval (NaN: none) and the test in words.
-    `exact`: decided on the value (no spread over the seeds, or bytes of one seed)."""
+    `exact`: decided on the value (no spread over the seeds, or bytes of one seed). `p` (NaN: no test)
+    and `kind` (paired, welch or none) are the test as data, for `fedfactor compare`'s csv."""
 
     value: float
     lo: float
     hi: float
     test: str
     exact: bool = False
+    p: float = math.nan
+    kind: str = "none"
 
 
 @dataclass(frozen=True)
@@ -113,10 +116,11 @@ def _p(p: float) -> str:
 def _paired_test(x: np.ndarray, null: float) -> _Estimate:
     value = float(x.mean())
     if np.all(x == x[0]):  # scipy's interval would be degenerate or NaN: the value is exact
-        return _Estimate(value, value, value, f"the same in all {len(x)} seeds", exact=True)
+        return _Estimate(value, value, value, f"the same in all {len(x)} seeds", exact=True, kind="paired")
     t = stats.ttest_1samp(x, null)
     ci = t.confidence_interval(CONFIDENCE)
-    return _Estimate(value, float(ci.low), float(ci.high), f"paired t-test {_p(t.pvalue)}, n={len(x)}")
+    return _Estimate(value, float(ci.low), float(ci.high), f"paired t-test {_p(t.pvalue)}, n={len(x)}",
+                     p=float(t.pvalue), kind="paired")
 
 
 def _welch_test(a: Values, b: Values) -> _Estimate:
@@ -124,10 +128,12 @@ def _welch_test(a: Values, b: Values) -> _Estimate:
     value, n = a.mean - b.mean, f"n={a.n} vs {b.n}"
     # the values, not std == 0: the std of three seeds at 0.7 is 1e-16 in floating point
     if len(set(xa)) == 1 and len(set(xb)) == 1:
-        return _Estimate(value, value, value, f"the same in all seeds of each side, seeds not paired, {n}", exact=True)
+        return _Estimate(value, value, value, f"the same in all seeds of each side, seeds not paired, {n}", exact=True,
+                         kind="welch")
     t = stats.ttest_ind(xa, xb, equal_var=False)
     ci = t.confidence_interval(CONFIDENCE)
-    return _Estimate(value, float(ci.low), float(ci.high), f"Welch t-test (seeds not paired) {_p(t.pvalue)}, {n}")
+    return _Estimate(value, float(ci.low), float(ci.high), f"Welch t-test (seeds not paired) {_p(t.pvalue)}, {n}",
+                     p=float(t.pvalue), kind="welch")
 
 
 def _estimate(values: Sequence[Values], quantity: Callable[..., float], null: float, exact: bool,
@@ -145,6 +151,13 @@ def _estimate(values: Sequence[Values], quantity: Callable[..., float], null: fl
     value = quantity(*(v.mean for v in values))
     return _Estimate(value, math.nan, math.nan, f"{n}, no interval" + (", bytes taken as exact" if exact else ""),
                      exact=exact)
+
+
+def difference_estimate(a: Values, b: Values, exact: bool) -> _Estimate:
+    """a - b over seeds, tested as an order claim's difference is: paired on the seeds both cells share
+    (two or more), else Welch's t-test of the two cells, else no interval. `exact`: bytes, decided on
+    the value. The claims and `fedfactor compare` share it, so one pair of cells gets one verdict."""
+    return _estimate([a, b], lambda x, y: x - y, 0.0, exact, (a, b))
 
 
 @dataclass
@@ -235,7 +248,7 @@ def _difference(claim, reader: _Reader, pairs, region: _Region, unit: str, verb:
         else:
             label = f"{_name(claim, sa)}: {xa} -> {xb}"
             text = f"{_name(claim, sa)}: {xa} {_fmt(va.mean, unit)} -> {xb} {_fmt(vb.mean, unit)}"
-        est = _estimate([va, vb], lambda a, b: a - b, 0.0, unit == "GB", (va, vb))
+        est = difference_estimate(va, vb, unit == "GB")
         agree, paired = _paired([va, vb], lambda a, b: region.holds(a - b))
         out.append(_Check(f"{text} ({d:+.{4 if unit == 'GB' else 2}f} {unit})", label, est, region.verdict(est),
                           agree, paired, unit, region))

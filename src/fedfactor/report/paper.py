@@ -22,7 +22,7 @@ import pandas as pd
 
 from ..errors import UsageError
 from ..io import atomic_write_text
-from .cells import NoValue, Quantity, StudyRuns, Values, is_smoke, load_runs, read_values
+from .cells import NoValue, Quantity, StudyRuns, Values, is_smoke, load_runs, read_values, seeds_note, shown_interval
 from .spec import (SMOKE_COLUMN, SMOKE_TITLE, PaperSpec, PaperTable, StudySpec, _parts, numbers_folder,
                    protocol_words)
 
@@ -370,11 +370,13 @@ def _fmt(x: float | None, metric: str, signed: bool = False) -> str:
 
 def _ours(values: Values, metric: str, seeds: int) -> str:
     """`60.00 +- 10.00 [35.16, 84.84] (n=3)`; one seed has neither spread nor interval."""
-    n = f"n={values.n}" + (f" of {seeds}" if values.n < seeds else "")
+    n = seeds_note(values.n, f" of {seeds}" if values.n < seeds else "")
     if values.n < 2:
         return f"{_fmt(values.mean, metric)} ({n}, no interval)"
     lo, hi = values.interval
-    return f"{_fmt(values.mean, metric)} +- {_fmt(values.std, metric)} [{_fmt(lo, metric)}, {_fmt(hi, metric)}] ({n})"
+    top = {"accuracy_pct": 100.0, "accuracy_frac": 1.0}.get(metric, math.inf)  # bytes: no upper bound
+    ci = shown_interval(lo, hi, 0.0, top, f".{DECIMALS[metric]}f")
+    return f"{_fmt(values.mean, metric)} +- {_fmt(values.std, metric)} {ci} ({n})"
 
 
 def _parts_of(cell: CellOut, metric: str, seeds: int) -> list[tuple[str, str]]:
@@ -434,7 +436,8 @@ def _section_out(study: StudySpec, runs: StudyRuns, section: Section, prefix: st
     heading = f"{prefix}{section.values[0].paper}: {title} — {UNITS[section.metric]}"
     lines = [f"Source: {section.source} (config/paper_numbers/{section.csv.name}; the paper's numbers as printed).",
              "Ours: mean +- sample std over seeds (ddof 1) [95 % confidence interval of the mean, Student t "
-             "with n - 1 degrees of freedom] (n = seeds; one seed has neither) of "
+             "with n - 1 degrees of freedom; an end beyond the metric's range shown at its bound, marked *] "
+             "(n = seeds; one seed has neither; fewer than 3 are marked few) of "
              + ("bytes sent up and down over the run, in GB (1e9 bytes)" if section.metric == "cost_gb" else
                 "the reported accuracy" + (" in %" if section.metric == "accuracy_pct" else " as a fraction"))
              + f"; our protocol: {protocol_words(runs.protocol)}. diff = ours - paper."]

@@ -9,7 +9,7 @@ import pandas as pd
 
 from ..errors import UsageError
 from ..io import atomic_write_text
-from .cells import t_interval
+from .cells import seeds_note, shown_interval, t_interval
 from .runs import TableRun, find_summaries, read_summary
 from .spec import PROTOCOL_WORDS, SMOKE_TITLE
 
@@ -57,8 +57,8 @@ def _cell(r) -> str:
     """`95.56 +- 1.83 [93.9, 97.2] (n=5)` in %; one seed has neither spread nor interval."""
     if pd.isna(r.accuracy_sd):
         return f"{100 * r.accuracy:.2f} (n={r.seeds}, no interval)"
-    return (f"{100 * r.accuracy:.2f} +- {100 * r.accuracy_sd:.2f} "
-            f"[{100 * r.accuracy_ci_low:.1f}, {100 * r.accuracy_ci_high:.1f}] (n={r.seeds})")
+    ci = shown_interval(100 * r.accuracy_ci_low, 100 * r.accuracy_ci_high, 0.0, 100.0, ".1f")
+    return f"{100 * r.accuracy:.2f} +- {100 * r.accuracy_sd:.2f} {ci} ({seeds_note(r.seeds)})"
 
 
 def cells(agg: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
@@ -83,7 +83,9 @@ def caption(agg: pd.DataFrame) -> str:
     return (f"Accuracy [%]: mean over clients, each client's {_words(agg, 'eval_model')} scored "
             f"{_words(agg, 'test_pool')}, {_words(agg, 'report')}; mean over seeds +- their sample standard "
             "deviation (ddof 1) [95 % confidence interval of the mean, Student t with n - 1 degrees of freedom] "
-            "(n = seeds); one seed has neither. Cost = bytes sent up and down, summed over the run.")
+            "(n = seeds); one seed has neither, and fewer than 3 are marked (their interval says little); an "
+            "interval's end beyond 0-100 % is shown at the bound, marked *. Cost = bytes sent up and down, summed "
+            "over the run.")
 
 
 def to_markdown(agg: pd.DataFrame, title: str, notes: list[str] = ()) -> str:
