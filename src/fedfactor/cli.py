@@ -289,13 +289,16 @@ def cmd_mlflow_import(args) -> None:
 def cmd_table(args) -> None:
     from .report.table import collect, write_tables
 
-    skipped = None
+    skipped, tuned = None, None
     if args.study:
         from .report.spec import load_study
 
-        skipped = {k: m.name for k, m in load_study(args.study).methods.items() if not m.implemented}
+        study = load_study(args.study)
+        skipped = {k: m.name for k, m in study.methods.items() if not m.implemented}
+        tuned = study.tuned
     runs = collect(args.runs)
-    md = write_tables(runs, args.out_md, args.out_csv, title=args.title, out_html=args.out_html, skipped=skipped)
+    md = write_tables(runs, args.out_md, args.out_csv, title=args.title, out_html=args.out_html, skipped=skipped,
+                      tuned=tuned)
     print(md)
 
 
@@ -334,6 +337,14 @@ def cmd_claims(args) -> None:
         print(f"study {study.study} lists no claims: nothing to evaluate, nothing written")
         return
     print(f"{verdict_counts(evaluate_claims(study, args.runs, Path(args.out)))} -> {args.out}")
+
+
+def cmd_compare(args) -> None:
+    from .report.compare import compare_runs, counts_line
+
+    frame = compare_runs(args.runs, Path(args.out), against=args.against, methods=args.methods, names=args.names,
+                         metric=args.metric)
+    print(f"{counts_line(frame)} -> {args.out}")
 
 
 def cmd_verdicts(args) -> None:
@@ -554,7 +565,7 @@ def _add_mlflow_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_table_commands(sub: argparse._SubParsersAction) -> None:
-    """table, study-spec, paper-tables and claims."""
+    """table, study-spec, paper-tables, claims, compare and verdicts."""
     p = sub.add_parser("table", help="mean +- std over seeds of run summaries, as markdown and csv")
     p.add_argument("runs", nargs="+", help="summary.json files or directories searched for them")
     p.add_argument("--out-md", required=True)
@@ -578,6 +589,19 @@ def _add_table_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--study", required=True, help="the workflow's study.json")
         p.add_argument("--out", required=True, help="output directory")
         p.set_defaults(func=func)
+
+    p = sub.add_parser("compare", help="two sets of runs (or two methods of one set) per scenario and method, paired "
+                                       "over their shared seeds: compare.md/.csv/.png in OUT")
+    p.add_argument("runs", nargs="+", metavar="A_RUNS", help="set A: summary.json files or directories searched for them")
+    p.add_argument("--against", nargs="+", metavar="B_RUNS", help="set B, compared with A cell by cell")
+    p.add_argument("--methods", nargs=2, metavar=("M1", "M2"),
+                   help="instead of --against: method M1 (as A) against M2 (as B) in each scenario of A_RUNS")
+    p.add_argument("--names", nargs=2, metavar=("A", "B"), help="the two sides' names in the outputs "
+                                                                "(default: A and B, or M1 and M2)")
+    p.add_argument("--metric", choices=["accuracy", "bytes"], default="accuracy",
+                   help="the reported accuracy in %% or the bytes sent in GB (default: %(default)s)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("verdicts", help="every claim of the paper studies with its verdict at CPU scale and at paper "
                                         "scale: one markdown page and a figure per paper beside it")
@@ -663,7 +687,8 @@ OUTPUTS = {
     "train": [("out", "folder")], "train-runs": [("done", "file")], "partition": [("out", "file")],
     "prepare-data": [("root", "folder"), ("out", "file")], "mlflow-init": [("out", "file")],
     "table": [("out_md", "file"), ("out_csv", "file"), ("out_html", "file")], "study-spec": [("out", "file")],
-    "paper-tables": [("out", "folder")], "claims": [("out", "folder")], "verdicts": [("out", "file")], "figures": [("out", "folder")],
+    "paper-tables": [("out", "folder")], "claims": [("out", "folder")], "compare": [("out", "folder")],
+    "verdicts": [("out", "file")], "figures": [("out", "folder")],
     "curves": [("out", "file")], "figure": [("out", "file")], "diagnose": [("out", "folder"), ("figures", "folder")],
     "simulate": [("out", "folder")],
 }

@@ -172,3 +172,33 @@ def test_an_interval_beyond_0_100_percent_is_shown_at_the_bound_and_marked(tmp_p
     assert "marked *" in md
     low = pd.read_csv(tmp_path / "t.csv").set_index("method").loc["f", "accuracy_ci_low"]
     assert low < -4  # the csv keeps the interval as computed
+
+
+def test_a_tuned_study_shows_the_values_its_runs_used_beside_its_numbers(tmp_path):
+    """The chosen-values file names the keys tuned per method; the table shows the values the runs'
+    config.yaml files hold for them, per scenario, and seeds that used different values both."""
+    import yaml
+
+    used = {("a", "f", 0): 0.1, ("a", "f", 1): 0.1, ("b", "f", 0): 0.03, ("a", "g", 0): 0.3, ("b", "g", 0): 0.3}
+    for (scenario, method, seed), lr in used.items():
+        folder = tmp_path / scenario / method / str(seed)
+        _summary(folder, scenario, method, seed, 0.5)
+        tau = 0.5 if (scenario, seed) != ("b", 0) else 0.9
+        (folder / "config.yaml").write_text(yaml.safe_dump({"fl": {"lr": lr}, "method": {"name": method, "tau": tau}}))
+    folder = tmp_path / "b" / "g" / "1"
+    _summary(folder, "b", "g", 1, 0.5)
+    (folder / "config.yaml").write_text(yaml.safe_dump({"fl": {"lr": 0.1}, "method": {"name": "g", "tau": 0.5}}))
+    tuned = tmp_path / "tuned.yaml"
+    tuned.write_text(yaml.safe_dump({"grid": {"f": {"fl.lr": [0.03, 0.1]}, "g": {"fl.lr": [0.1, 0.3], "tau": [0.5, 0.9]}}}))
+    md = write_tables(collect([tmp_path / "a", tmp_path / "b"]), tmp_path / "t.md", tmp_path / "t.csv", tuned=tuned)
+    rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| ")}
+    assert rows["method"].rstrip().endswith("| chosen on validation (a; b) |")
+    assert rows["f"].rstrip().endswith("| lr 0.1; lr 0.03 |")
+    assert rows["g"].rstrip().endswith("| lr 0.3, tau 0.5; lr 0.3, tau 0.9 / lr 0.1, tau 0.5 |")
+    csv = pd.read_csv(tmp_path / "t.csv").set_index(["scenario", "method"])
+    assert csv.loc[("b", "f"), "chosen"] == "lr 0.03"
+    plain = write_tables(collect([tmp_path / "a"]), tmp_path / "u.md", tmp_path / "u.csv")
+    assert "chosen on validation" not in plain and "chosen" not in pd.read_csv(tmp_path / "u.csv")
+    with pytest.raises(UsageError, match="cannot read the chosen values"):
+        write_tables(collect([tmp_path / "a"]), tmp_path / "v.md", tmp_path / "v.csv", tuned=tmp_path / "none.yaml")
+    assert not (tmp_path / "v.md").exists()

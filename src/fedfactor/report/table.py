@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
+from typing import Any, Mapping
 
 import pandas as pd
+import yaml
 
 from ..errors import UsageError
 from ..io import atomic_write_text
@@ -24,7 +26,7 @@ def collect(paths: list[str | Path]) -> pd.DataFrame:
         run = read_summary(f, TableRun)
         p = run.protocol
         rows.append({**run.model_dump(exclude={"protocol"}), "test_pool": p.test_pool, "eval_model": p.model,
-                     "report": p.report})
+                     "report": p.report, "folder": str(Path(f).parent)})
     runs = pd.DataFrame(rows).astype({"accuracy": float})  # a null accuracy becomes NaN, not None
     protocols = runs[["test_pool", "eval_model", "report"]].drop_duplicates()
     if len(protocols) > 1:
@@ -61,8 +63,36 @@ def _cell(r) -> str:
     return f"{100 * r.accuracy:.2f} +- {100 * r.accuracy_sd:.2f} {ci} ({seeds_note(r.seeds)})"
 
 
-def cells(agg: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """Header and rows: reported accuracy (%) per scenario as `_cell` shows it, cost in GB (1e9 bytes)."""
+def _value(config: Mapping[str, Any], key: str) -> Any:
+    """A dotted run-config key's value; a key without a section is the method's (`tau`)."""
+    value: Any = config if "." in key else config.get("method", {})
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def used_values(runs: pd.DataFrame, grid: Mapping[str, Mapping[str, Any]]) -> dict[tuple[str, str], str]:
+    """(scenario, method) -> `lr 0.1, tau 0.5`: the values of the keys tuned for the method (`grid`, the
+    chosen-values file's) that its runs used, read from each run's config.yaml; seeds that differ are all
+    listed. The values a table shows beside its numbers, wherever they came from."""
+    out: dict[tuple[str, str], str] = {}
+    for (scenario, method), group in runs.groupby(["scenario", "method"], sort=False):
+        keys = list(grid.get(method) or {})
+        if not keys:
+            continue
+        seen: list[str] = []
+        for folder in group["folder"]:
+            config = yaml.safe_load((Path(folder) / "config.yaml").read_text(encoding="utf-8"))
+            shown = ", ".join(f"{k.removeprefix('fl.')} {_value(config, k)}" for k in keys)
+            if shown not in seen:
+                seen.append(shown)
+        out[(scenario, method)] = " / ".join(seen)
+    return out
+
+
+def cells(agg: pd.DataFrame, chosen: Mapping[tuple[str, str], str] | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and rows: reported accuracy (%) per scenario as `_cell` shows it, cost in GB (1e9 bytes),
+    and the values chosen on validation (`chosen`, used_values) where the study was tuned."""
     scenarios = list(dict.fromkeys(agg["scenario"]))
     cell = {(r.scenario, r.method): r for r in agg.itertuples()}
     rows = []
@@ -75,8 +105,11 @@ def cells(agg: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         gb = agg.loc[agg["method"] == m, "bytes_total"] / 1e9
         low, high = f"{gb.min():.4f}", f"{gb.max():.4f}"  # equal as shown: one number, not "x - x"
         row.append(low if low == high else f"{low} - {high}")
+        if chosen:
+            row.append("; ".join(chosen.get((s, m), "-") for s in scenarios))
         rows.append(row)
-    return ["method", *scenarios, "cost [GB]"], rows
+    tuned = [f"chosen on validation ({'; '.join(scenarios)})"] if chosen else []
+    return ["method", *scenarios, "cost [GB]", *tuned], rows
 
 
 def caption(agg: pd.DataFrame) -> str:
@@ -88,16 +121,18 @@ def caption(agg: pd.DataFrame) -> str:
             "over the run.")
 
 
-def to_markdown(agg: pd.DataFrame, title: str, notes: list[str] = ()) -> str:
-    head, rows = cells(agg)
+def to_markdown(agg: pd.DataFrame, title: str, notes: list[str] = (),
+                chosen: Mapping[tuple[str, str], str] | None = None) -> str:
+    head, rows = cells(agg, chosen)
     lines = [f"# {title}", "", caption(agg), *(f"\n{n}" for n in notes), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 
-def to_html(agg: pd.DataFrame, title: str, notes: list[str] = ()) -> str:
-    head, rows = cells(agg)
+def to_html(agg: pd.DataFrame, title: str, notes: list[str] = (),
+            chosen: Mapping[tuple[str, str], str] | None = None) -> str:
+    head, rows = cells(agg, chosen)
     table = pd.DataFrame(rows, columns=head).to_html(index=False, border=0, classes="results")
     paras = "".join(f"<p>{html.escape(t)}</p>" for t in (caption(agg), *notes))
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
@@ -114,17 +149,31 @@ def _words(agg: pd.DataFrame, column: str) -> str:
 
 
 def write_tables(runs: pd.DataFrame, out_md: str | Path, out_csv: str | Path, title: str = "Results",
-                 out_html: str | Path | None = None, skipped: dict[str, str] | None = None) -> str:
+                 out_html: str | Path | None = None, skipped: dict[str, str] | None = None,
+                 tuned: str | Path | None = None) -> str:
     """Markdown, csv (and html); `skipped` (label -> method name) lists methods the study names but
-    fedfactor does not implement yet. Runs on synthetic data are flagged in the title and the csv."""
+    fedfactor does not implement yet; `tuned`, the chosen-values file of a tuned study, adds the values
+    each cell's runs used for the keys it tuned (the csv's `chosen` column). Runs on synthetic data are
+    flagged in the title and the csv."""
     agg = aggregate(runs)
+    notes = [f"Not implemented yet, skipped: {', '.join(f'{k} ({v})' for k, v in skipped.items())}."] if skipped else []
+    chosen = None
+    if tuned is not None:
+        try:
+            grid = yaml.safe_load(Path(tuned).read_text(encoding="utf-8"))["grid"]
+        except (OSError, KeyError, TypeError, yaml.YAMLError) as e:
+            raise UsageError(f"cannot read the chosen values {tuned} ({e})") from None
+        chosen = used_values(runs, grid)
+        notes = [*notes, f"Chosen on validation: each method's values of the keys tuned for it, as its runs used "
+                         f"them (from {tuned}, docs/tuning.md)."]
     smoke = runs["dataset"].str.startswith("synthetic:").any()
     if smoke and not title.startswith(SMOKE_TITLE):
         title = SMOKE_TITLE + title
-    notes = [f"Not implemented yet, skipped: {', '.join(f'{k} ({v})' for k, v in skipped.items())}."] if skipped else []
-    md = to_markdown(agg, title, notes)
+    md = to_markdown(agg, title, notes, chosen)
+    if chosen is not None:
+        agg = agg.assign(chosen=[chosen.get((r.scenario, r.method), "") for r in agg.itertuples()])
     atomic_write_text(out_csv, agg.assign(smoke_run_synthetic_data=smoke).to_csv(index=False))
     atomic_write_text(out_md, md)
     if out_html is not None:
-        atomic_write_text(out_html, to_html(agg, title, notes))
+        atomic_write_text(out_html, to_html(agg, title, notes, chosen))
     return md
