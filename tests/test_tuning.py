@@ -217,7 +217,7 @@ def test_train_runs_allow_failed_records_a_diverged_run_and_exits_0(tmp_path):
 
 @pytest.mark.slow
 def test_snakemake_tune_trains_every_point_and_the_study_runs_at_the_chosen_values(tmp_path, monkeypatch,
-                                                                                  fedfactor_env):
+                                                                                  fedfactor_env, capfd):
     monkeypatch.setenv("PATH", fedfactor_env["PATH"])  # the jobs' `fedfactor` (tests/forkserver.py)
     """The workflow end to end: `snakemake tune` on a tiny study writes the file and its record; the
     study's runs read the file; and a clone that has the committed file but no tuning runs (a fresh
@@ -236,6 +236,11 @@ def test_snakemake_tune_trains_every_point_and_the_study_runs_at_the_chosen_valu
     tuned = snakemake_in_process("tune", "--cores", "1", *argv)
     # the closing line names the command that runs this study, not the default one
     assert f"`snakemake --cores all --configfile {study}` then runs the study with them" in tuned
+    # each tuning run's line shows its validation score in %, and no test accuracy
+    printed = capfd.readouterr().out  # the jobs' own lines reach the terminal, not Snakemake's log
+    lines = [line for line in (tuned + printed).splitlines() if "@p0/seed100:" in line]
+    assert lines and all(re.search(r": validation \d+\.\d\d % in ", line) for line in lines), tuned + printed
+    assert not any("accuracy" in line for line in lines)
     record = tmp_path / "results" / "tiny" / "tuning" / "chosen.yaml"
     assert chosen.read_text() == record.read_text()
     doc = yaml.safe_load(chosen.read_text())

@@ -113,9 +113,11 @@ def cmd_train_runs(args) -> None:
         else:
             summary = json.loads((out / "summary.json").read_text())
             val = summary.get("val_score")
-            print(f"{summary['scenario']}/{summary['method']}/seed{summary['seed']}: accuracy "
-                  f"{summary['accuracy']:.4f}" + ("" if val is None else f", validation {val:.4f}")
-                  + f" in {seconds:.1f} s -> {out}", flush=True)
+            # a tuning run's line shows the number it is chosen by, and not its test accuracy: a
+            # researcher watching the grid should see no test number
+            shown = f"accuracy {100 * summary['accuracy']:.2f} %" if val is None else f"validation {100 * val:.2f} %"
+            print(f"{summary['scenario']}/{summary['method']}/seed{summary['seed']}: {shown} in {seconds:.1f} s "
+                  f"-> {out}", flush=True)
 
     failures = train_runs(runs, finished, since=started, hold_signals=True)
     _finished()

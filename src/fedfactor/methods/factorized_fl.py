@@ -259,10 +259,10 @@ class FactorizedFL(Method):
         if self.ctx.num_clients < 2 or not matched or max(matched) > 1:
             return []
         best = max((d.get("similarity_max_other", float("nan")) for d in diagnostics), default=float("nan"))
-        return [f"{self.name} matched no other client in any of its {len(matched)} rounds: each client mixed "
-                f"only itself, so this run is the factorized model trained alone; the highest similarity to "
-                f"another client was {best:.4f}, below method.tau={self.hp.tau:g} (lower tau, or use "
-                f"weighting: official with minimum_aggr > 1)"]
+        # the numbers first: the terminal's line keeps a warning's first 160 characters
+        return [f"{self.name} matched no other client in any of its {len(matched)} rounds (highest similarity "
+                f"{best:.4f} < method.tau={self.hp.tau:g}): each client mixed only itself, so this run is the "
+                f"factorized model trained alone (lower tau, or use weighting: official with minimum_aggr > 1)"]
 
     def receive(self, k: int, state: State, payload: State) -> State:
         state = {**state, **self.decode(payload)}
