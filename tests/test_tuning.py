@@ -6,6 +6,7 @@ import random
 import re
 import shlex
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -241,6 +242,10 @@ def test_snakemake_tune_trains_every_point_and_the_study_runs_at_the_chosen_valu
     lines = [line for line in (tuned + printed).splitlines() if "@p0/seed100:" in line]
     assert lines and all(re.search(r": validation \d+\.\d\d % in ", line) for line in lines), tuned + printed
     assert not any("accuracy" in line for line in lines)
+    # the tuning runs' experiment differs from the study's at its start (the MLflow UI cuts long names)
+    with sqlite3.connect(tmp_path / "results" / "mlflow.db") as db:
+        names = {n for (n,) in db.execute("SELECT name FROM experiments")}
+    assert "tuning-fedfactor-tiny" in names, names
     record = tmp_path / "results" / "tiny" / "tuning" / "chosen.yaml"
     assert chosen.read_text() == record.read_text()
     doc = yaml.safe_load(chosen.read_text())

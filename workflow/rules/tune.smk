@@ -12,7 +12,7 @@ localrules:
 
 
 rule mlflow_init_tuning:
-    """The tuning runs' MLflow experiment (<the study's>-tuning), created once like the study's."""
+    """The tuning runs' MLflow experiment (tuning-<the study's>), created once like the study's."""
     output:
         f"{RESULTS}/mlflow/{STUDY_FOLDER}-tuning.experiment_id",
     params:

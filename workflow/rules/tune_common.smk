@@ -9,7 +9,9 @@ TUNE_SEEDS = [int(s) for s in TUNING["seeds"]]
 # (method, point) pairs, `runs_per_job` of them to a job, like the training jobs
 TUNE_PAIRS = [(m, i) for m in METHODS for i in range(TUNING["points"])]
 TUNE_JOBS = [TUNE_PAIRS[i : i + PER_JOB] for i in range(0, len(TUNE_PAIRS), PER_JOB)]
-TUNING_EXPERIMENT = f"{MLFLOW_EXPERIMENT}-tuning"
+# "tuning-" first: the MLflow UI's list cuts long names, and the study's own and its tuning's would
+# read the same there if they differed only at the end
+TUNING_EXPERIMENT = f"tuning-{MLFLOW_EXPERIMENT}"
 
 
 if workflow.is_main_process:
