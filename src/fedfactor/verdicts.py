@@ -140,6 +140,19 @@ def _papers(docs: list[dict[str, Any]]) -> dict[str, str]:
             for d in docs}
 
 
+def _mapping(entry: Mapping[str, Any]) -> str:
+    """`factorized_fl_label: cifar10_standard_iid, svhn_standard_iid -> standard_iid`: the paper study's
+    scenarios by the CPU scenario that stands for them, and those left to paper scale."""
+    onto: dict[str, list[str]] = {}
+    for theirs, ours in (entry.get("scenarios") or {}).items():
+        onto.setdefault(ours, []).append(theirs)
+    parts = [f"{', '.join(theirs)} -> {ours}" for ours, theirs in onto.items()]
+    far = list((entry.get("needs_paper_scale") or {}).get("scenarios") or {})
+    parts += [f"{', '.join(far)}: paper scale only"] if far else []
+    name = Path(entry["study"]).stem
+    return f"{name}: " + ", ".join(f"`{p}`" for p in parts)
+
+
 def _mode(mode: str) -> str:
     """A claim's mode: "as run" for a claim with no text variant ("") too."""
     return mode or "as run"
@@ -274,7 +287,8 @@ def write_page(studies: Path, cpu: Path, results: Path, out: Path) -> list[Row]:
         for name in used:
             d = cpu_docs[name]
             lines.append(f"- CPU scale: `{name}` ({_md(d.get('title', name))}; {len(d['seeds'])} seeds; "
-                         f"config/studies/cpu/: `snakemake --cores all --configfile <its file>`)")
+                         f"config/studies/cpu/: `snakemake --cores all --configfile <its file>`), "
+                         + "; ".join(_mapping(e) for e in d.get("claims_from") or []))
         slug = _slug(paper)
         if figure(rows, paper, out.parent / f"verdicts_{slug}.png"):
             lines += ["", f"![{paper}: claims at CPU scale](verdicts_{slug}.png)"]
