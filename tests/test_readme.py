@@ -17,7 +17,8 @@ def test_the_readme_is_at_most_200_lines():
 
 def test_the_readme_has_its_sections_in_order():
     headings = re.findall(r"^## (.+)$", README, re.M)
-    assert headings == ["Two commands", "What the default study produces", "Documentation"]
+    assert headings == ["Two commands", "What the default study produces", "The papers' claims on real images",
+                        "Documentation"]
 
 
 def test_the_two_commands_install_and_run_the_default_study_and_the_tests():

@@ -96,6 +96,8 @@ def _kind(command: str) -> str:
         return "mutation"
     if argv[0] in ("snakemake", "mlflow"):
         return argv[0]
+    if argv[0] == "bash" and argv[1].startswith("workflow/scripts/"):
+        return "script"
     if argv[0] == "fedfactor":
         # placeholders: [optional], a | b, NAME, RUNS..., {...}
         usage = any(a.startswith("[") or a == "|" or "..." in a or re.fullmatch(r"[A-Z][A-Z_]+", a) for a in argv)
@@ -112,6 +114,17 @@ def _of(kind):
 def test_every_documented_command_is_one_this_test_checks():
     assert len(COMMANDS) >= 30
     assert [c for _, c in COMMANDS if _kind(c) == "unknown"] == []
+
+
+@_of("script")
+def test_the_scripts_the_docs_run_exist_parse_and_take_their_arguments(command):
+    """`bash workflow/scripts/cpu_scale.sh simfed`: the script is bash that parses, and each paper it is
+    given has CPU-scale studies (the script's own check, run on its arguments alone)."""
+    argv = _argv(command)
+    script = REPO / argv[1]
+    assert script.is_file() and subprocess.run(["bash", "-n", str(script)]).returncode == 0, command
+    for paper in argv[2:]:
+        assert list((REPO / "config" / "studies" / "cpu").glob(f"{paper}*.yaml")), f"{command}: {paper}"
 
 
 @pytest.fixture(scope="module")
