@@ -218,7 +218,7 @@ def test_train_runs_allow_failed_records_a_diverged_run_and_exits_0(tmp_path):
 
 @pytest.mark.slow
 def test_snakemake_tune_trains_every_point_and_the_study_runs_at_the_chosen_values(tmp_path, monkeypatch,
-                                                                                  fedfactor_env, capfd):
+                                                                                  fedfactor_env):
     monkeypatch.setenv("PATH", fedfactor_env["PATH"])  # the jobs' `fedfactor` (tests/forkserver.py)
     """The workflow end to end: `snakemake tune` on a tiny study writes the file and its record; the
     study's runs read the file; and a clone that has the committed file but no tuning runs (a fresh
@@ -238,10 +238,6 @@ def test_snakemake_tune_trains_every_point_and_the_study_runs_at_the_chosen_valu
     # the closing line names the command that runs this study, not the default one
     assert f"`snakemake --cores all --configfile {study}` then runs the study with them" in tuned
     # each tuning run's line shows its validation score in %, and no test accuracy
-    printed = capfd.readouterr().out  # the jobs' own lines reach the terminal, not Snakemake's log
-    lines = [line for line in (tuned + printed).splitlines() if "@p0/seed100:" in line]
-    assert lines and all(re.search(r": validation \d+\.\d\d % in ", line) for line in lines), tuned + printed
-    assert not any("accuracy" in line for line in lines)
     # the tuning runs' experiment differs from the study's at its start (the MLflow UI cuts long names)
     with sqlite3.connect(tmp_path / "results" / "mlflow.db") as db:
         names = {n for (n,) in db.execute("SELECT name FROM experiments")}
@@ -344,3 +340,19 @@ def test_provenance_names_the_commit_and_changes_besides_the_file_written(tmp_pa
     assert clean["commit"] == head and clean["uncommitted_changes"] is False and clean["rounds"] == {"a": 2}
     (tmp_path / "code.py").write_text("a = 2\n")
     assert tuning.provenance("s", "snakemake tune", {}, ["chosen.yaml"])["uncommitted_changes"] is True
+
+
+@pytest.mark.slow
+def test_a_tuning_runs_line_shows_its_validation_score_in_percent_and_no_test_accuracy(tmp_path, capsys):
+    """`train-runs` without a study (the tuning jobs) prints a line a run: the number the run is chosen
+    by, as every other line prints accuracies, and no test accuracy for a researcher to watch."""
+    from fedfactor.cli import main
+
+    run = tmp_path / "run.yaml"
+    run.write_text("data: {name: digits}\nmodel: {name: mlp}\nfl: {clients: 2, rounds: 1, epochs: 1}\n")
+    runs = [{"out": str(tmp_path / "p0"), "set": ["method.name=fedavg", "label=fedavg@p0", "seed=100"]}]
+    assert main(["train-runs", "--config", str(run), "--runs", json.dumps(runs)]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if "/seed100:" in x]
+    summary = json.loads((tmp_path / "p0" / "summary.json").read_text())
+    assert re.search(rf": validation {100 * summary['val_score']:.2f} % in \d+\.\d s -> ", line), line
+    assert "accuracy" not in line and f"{summary['accuracy']:.4f}" not in line

@@ -223,9 +223,10 @@ def figure(rows: list[Row], paper: str, path: Path) -> bool:
     ax.set_yticks(range(len(checks)))
     ax.set_yticklabels([f"{c['id']}: {c['comparison']}" for c in reversed(checks)], fontsize=6)
     ax.set_xlim(-span, span)
-    ax.set_xlabel("ours at CPU scale: the claim's difference or lead (pp), mean over seeds and 95 % CI; "
+    ax.set_xlabel("ours at CPU scale: the claim's difference or lead (pp), mean over seeds, 95 % CI\n"
                   "grey: where the claim needs it", fontsize=7)
-    ax.set_title(f"{paper}: claims at CPU scale (green reproduced, red not, amber within noise)", fontsize=8)
+    ax.set_title(f"{paper}: claims at CPU scale\ngreen reproduced, red not reproduced, amber within noise",
+                 fontsize=8)
     fig.tight_layout()
     tmp = path.with_name(path.name + ".tmp.png")
     fig.savefig(tmp, dpi=110)
