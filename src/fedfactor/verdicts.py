@@ -25,6 +25,7 @@ from .io import atomic_write_text
 from .report.borrow import read_study_file
 from .report.cells import Values
 from .report.claims import NEEDS_PAPER_SCALE, NOT_RUN, VERDICTS, _Reader, evaluate_one
+from .report.figures import pyplot, save_figure
 from .report.paper import resolve_tables
 from .report.spec import Side, StudySpec, check_spec, with_text_variants
 from .workflow import implemented, study_spec
@@ -197,18 +198,13 @@ def _slug(paper: str) -> str:
 def figure(rows: list[Row], paper: str, path: Path) -> bool:
     """Each CPU-scale comparison (pp) of the paper's claims with its 95 % interval, beside the band the
     claim's condition asks for; False (nothing written) when none has been run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     checks = [c for r in rows if r.paper == paper and "as run" in r.cpu for c in r.cpu["as run"].get("comparisons", [])]
     checks = [c for c in checks if c["unit"] == "pp" and math.isfinite(c["value"])]
     if not checks:
         return False
     colours = {"reproduced": "#1a7f37", "not reproduced": "#cf222e", "within noise": "#9a6700"}
     height = 0.22 * len(checks) + 1.2
-    fig, ax = plt.subplots(figsize=(9, height))
+    fig, ax = pyplot().subplots(figsize=(9, height))
     span = max(max(abs(c["value"]), abs(c["low"]) if math.isfinite(c["low"]) else 0,
                    abs(c["high"]) if math.isfinite(c["high"]) else 0) for c in checks) * 1.1 + 1
     for y, c in enumerate(reversed(checks)):
@@ -228,10 +224,7 @@ def figure(rows: list[Row], paper: str, path: Path) -> bool:
     ax.set_title(f"{paper}: claims at CPU scale\ngreen reproduced, red not reproduced, amber within noise",
                  fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure(fig, path, pdf=False)  # atomically, as every figure of the project
     return True
 
 
