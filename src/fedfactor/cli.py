@@ -350,11 +350,10 @@ def cmd_compare(args) -> None:
 
 
 def cmd_verdicts(args) -> None:
-    from .report.claims import VERDICTS
-    from .verdicts import write_page
+    from .verdicts import cpu_counts, write_page
 
     rows = write_page(Path(args.studies), Path(args.cpu), Path(args.results), Path(args.out))
-    counts = {v: sum(r.cpu_verdict(r.modes[0]) == v for r in rows) for v in VERDICTS}
+    counts = cpu_counts(rows)
     print(f"{len(rows)} claims of {len({r.paper for r in rows})} papers at CPU scale: "
           + ", ".join(f"{n} {v}" for v, n in counts.items()) + f" -> {args.out}")
 

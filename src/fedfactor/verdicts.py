@@ -101,11 +101,13 @@ def collect(studies: Path, cpu: Path, results: Path) -> tuple[list[Row], dict[st
     cpu_docs = {d["study"]: d for d in (read_study_file(p) for p in sorted(cpu.glob("*.yaml")))}
     takes = {read_study_file(e["study"])["study"]: name for name, d in cpu_docs.items()
              for e in d.get("claims_from") or []}
-    cpu_rows: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+    # (origin, id) -> mode -> its claims.csv row; "" and "as run" are one mode, since a CPU study may
+    # check a text variant its paper study lacks
+    cpu_rows: dict[tuple[str, str], dict[str, Mapping[str, Any]]] = {}
     for name in cpu_docs:
         frame = read_verdicts(results, name)
         for r in [] if frame is None else frame.to_dict("records"):
-            cpu_rows[(r["origin"], r["id"], r["mode"])] = r
+            cpu_rows.setdefault((r["origin"], r["id"]), {})[r["mode"] or "as run"] = r
     docs = [d for d in (read_study_file(p) for p in sorted(studies.glob("*.yaml"))) if d.get("claims")]
     papers = _papers(docs)
     rows = []
@@ -117,9 +119,8 @@ def collect(studies: Path, cpu: Path, results: Path) -> tuple[list[Row], dict[st
         for claim in spec.claims:
             text = with_text_variants(claim, spec.text_variants)
             shown = evaluate_one(spec, None, claim, reader=_PaperReader(spec, None, values=values))  # type: ignore[arg-type]
-            # "" and "as run" are one mode: a CPU study may check a text variant its paper study lacks
-            cpu = {_mode(m): r for (o, i, m), r in cpu_rows.items() if (o, i) == (spec.study, claim.id)}
-            modes = [m for m in ("as run", "text") if m in cpu or (text and m == "text") or m == "as run"]
+            cpu = cpu_rows.get((spec.study, claim.id), {})
+            modes = ["as run", "text"] if text or "text" in cpu else ["as run"]
             row = Row(papers[spec.study], spec.study, claim.id, claim.claim, claim.source,
                       shown["observed"] or "not printed", modes, takes.get(spec.study), cpu)
             for mode in modes:
@@ -154,11 +155,6 @@ def _mapping(entry: Mapping[str, Any]) -> str:
     return f"{name}: " + ", ".join(f"`{p}`" for p in parts)
 
 
-def _mode(mode: str) -> str:
-    """A claim's mode: "as run" for a claim with no text variant ("") too."""
-    return mode or "as run"
-
-
 def _md(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -183,11 +179,11 @@ def _ours(row: Row) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def _counts(rows: list[Row], verdict) -> dict[str, int]:
-    """Claims per verdict, each claim counted once by its as-run verdict."""
+def cpu_counts(rows: list[Row]) -> dict[str, int]:
+    """Claims per CPU-scale verdict, each claim counted once, by its as-run verdict."""
     out = {v: 0 for v in VERDICTS}
     for r in rows:
-        out[verdict(r, r.modes[0])] = out.get(verdict(r, r.modes[0]), 0) + 1
+        out[r.cpu_verdict("as run")] += 1
     return out
 
 
@@ -270,9 +266,9 @@ def write_page(studies: Path, cpu: Path, results: Path, out: Path) -> list[Row]:
     ]
     for paper in papers:
         mine = [r for r in rows if r.paper == paper]
-        cpu_counts = _counts(mine, lambda r, m: r.cpu_verdict(m))
+        counts = cpu_counts(mine)
         ran = sum(any(v != NOT_RUN for v in r.paper_scale.values()) for r in mine)
-        lines.append("| " + " | ".join(_md(x) for x in (paper, len(mine), *(cpu_counts[v] for v in VERDICTS),
+        lines.append("| " + " | ".join(_md(x) for x in (paper, len(mine), *(counts[v] for v in VERDICTS),
                                                           ran)) + " |")
     for paper in papers:
         mine = [r for r in rows if r.paper == paper]

@@ -30,23 +30,15 @@ from pydantic import TypeAdapter, ValidationError
 
 from ..config import load_yaml
 from ..errors import UsageError
-from .spec import Claim, ClaimsFrom, _message
+from .spec import Claim, ClaimsFrom, _message, in_repository
 
-# the claim keys that hold scenarios: a list of them, or `from` and `to` lists paired one to one
-_LISTS = ("scenarios",)
-_PAIRS = ("from", "to")
-_SIDES = ("a", "b", "method", "among")
+_SIDES = ("a", "b", "method", "among")  # the claim keys that hold sides (a method, or a list of them)
 
 
 def read_study_file(path: str | Path) -> dict[str, Any]:
     """A study YAML named by another study, from the working directory or the repository root."""
-    p = Path(path)
-    if not p.is_absolute() and not p.is_file():
-        repo = Path(__file__).resolve().parents[3]  # src/fedfactor/report/borrow.py -> repository
-        if (repo / p).is_file():
-            p = repo / p
     try:
-        doc = load_yaml(p.read_text(encoding="utf-8"), str(path))
+        doc = load_yaml(in_repository(path).read_text(encoding="utf-8"), str(path))
     except OSError as e:
         raise UsageError(f"cannot read study file {path} ({e.strerror or e})") from None
     if not isinstance(doc, dict) or "study" not in doc:

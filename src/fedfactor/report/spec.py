@@ -538,13 +538,21 @@ def _message(err: ValidationError, prefix: str = "") -> str:
     return f"{where}: {msg[0].lower()}{msg[1:]}{shown}".replace("\n", " ")
 
 
+def in_repository(path: str | Path) -> Path:
+    """`path` as given where it exists (from the working directory), else the same relative path in the
+    repository this package lives in where it exists there: the workflow runs in the repository root,
+    a user's command may not."""
+    p = Path(path)
+    if not p.is_absolute() and not p.exists():
+        repo = Path(__file__).resolve().parents[3]  # src/fedfactor/report/spec.py -> repository
+        if (repo / p).exists():
+            return repo / p
+    return p
+
+
 def numbers_folder(paper: PaperSpec, override: str | Path | None = None) -> Path:
     """The folder of the paper's CSVs (see PaperSpec.numbers)."""
-    folder = Path(override if override is not None else paper.numbers)
-    if not folder.is_absolute() and not folder.is_dir():
-        repo = Path(__file__).resolve().parents[3]  # src/fedfactor/report/spec.py -> repository
-        if (repo / folder).is_dir():
-            folder = repo / folder
+    folder = in_repository(override if override is not None else paper.numbers)
     if not folder.is_dir():
         raise UsageError(f"paper numbers folder {folder} does not exist; run from the repository root or set "
                          "paper.numbers")
