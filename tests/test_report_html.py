@@ -181,7 +181,7 @@ def test_report_front_page_describes_the_study(report):
 # -- the captions alone: rendered as Snakemake renders them (Jinja, then docutils), no browser, no study
 
 
-FIGURES = ["accuracy_rounds", "accuracy_bytes", "per_client", "similarity", "matching", "decomp", "elora",
+FIGURES = ["accuracy_rounds", "accuracy_bytes", "accuracy_time", "per_client", "similarity", "matching", "decomp", "elora",
            "something_new"]
 FULL = {**TINY_STUDY, "title": "A tiny study", "smoke": True, "overrides": {"fl": {"rounds": 2}},
         "select": {"scenarios": ["iid"]}, "data_root": "data", "results": "results", "run_config": "run.yaml"}

@@ -9,7 +9,8 @@ from PIL import Image
 
 from fedfactor.errors import UsageError
 from fedfactor.report.figures import SMOKE_TITLE, method_styles
-from fedfactor.study_figures import ALWAYS, OPTIONAL, _spread_figure, _spread_rows, load_study, study_figures
+from fedfactor.study_figures import (ALWAYS, OPTIONAL, _accuracy_figure, _spread_figure, _spread_rows, load_study,
+                                     study_figures)
 
 from .conftest import write_content
 
@@ -19,8 +20,9 @@ DECOMP = {"feddecomp.sigma_distance": 2.0, "feddecomp.delta_sigma": 1.0, "feddec
 
 
 def _run(root, scenario, method, seed, dataset="digits", bytes_per_round=2_000, config=None, metrics=(),
-         diagnostics=()):
-    """A finished run in root/<scenario>/<method>/seed<N>, like a study's runs folder."""
+         diagnostics=(), seconds_per_round=2.0):
+    """A finished run in root/<scenario>/<method>/seed<N>, like a study's runs folder; each seed takes
+    half a second a round longer than the one before."""
     path = root / scenario / method / f"seed{seed}"
     path.mkdir(parents=True)
     per_client = [0.2 + 0.2 * k + 0.01 * seed for k in range(K - 1)] + [float("nan")]  # one client untested
@@ -29,7 +31,8 @@ def _run(root, scenario, method, seed, dataset="digits", bytes_per_round=2_000, 
     (path / "summary.json").write_text(json.dumps(summary))
     r = np.arange(1, ROUNDS + 1)
     frame = pd.DataFrame({"round": r, "accuracy_mean": 0.3 + 0.1 * r + 0.01 * seed,
-                          "bytes_up": bytes_per_round * r, "bytes_down": bytes_per_round * r})
+                          "bytes_up": bytes_per_round * r, "bytes_down": bytes_per_round * r,
+                          "elapsed_seconds": (seconds_per_round + 0.5 * seed) * r})
     for column in metrics:
         frame[column] = DECOMP[column] * r
     frame.to_csv(path / "metrics.csv", index=False)
@@ -46,7 +49,8 @@ def _plain(root, dataset="digits"):
     for scenario in ("iid", "dir0.1"):
         for seed in (0, 1):
             _run(root, scenario, "fedavg", seed, dataset=dataset)
-            _run(root, scenario, "local", seed, dataset=dataset, bytes_per_round=0)  # nothing on a log axis
+            _run(root, scenario, "local", seed, dataset=dataset, bytes_per_round=0,  # nothing on a log axis
+                 seconds_per_round=0.5)
 
 
 def _everything(root):
@@ -66,12 +70,12 @@ def _check_files(written, names):
 
 
 @pytest.mark.slow
-def test_plain_runs_give_the_three_figures_each_as_png_and_pdf(tmp_path, drawn):
+def test_plain_runs_give_the_always_drawn_figures_each_as_png_and_pdf(tmp_path, drawn):
     _plain(tmp_path / "runs")
     written = study_figures([tmp_path / "runs"], tmp_path / "figs", title="Study A")
     _check_files(written, ALWAYS)
     assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == sorted(p.name for p in written)
-    assert [title.split(":")[0] for title, _ in drawn] == ["Study A"] * 3
+    assert [title.split(":")[0] for title, _ in drawn] == ["Study A"] * len(ALWAYS) == ["Study A"] * 4
     assert not any(mark for _, mark in drawn)
     assert Image.open(written[0]).text["Title"] == drawn[0][0]  # the title travels in the file too
 
@@ -114,6 +118,35 @@ def test_smoke_runs_are_titled_and_watermarked_in_every_figure(tmp_path, drawn, 
         assert title.startswith(SMOKE_TITLE) and "Study A" in title and mark
 
 
+def _panel(fig, scenario):
+    (ax,) = [a for a in fig.axes if a.get_visible() and a.get_title().startswith(scenario)]
+    return ax
+
+
+@pytest.mark.slow
+def test_the_time_figure_draws_accuracy_against_the_mean_seconds_of_each_round(tmp_path, drawn):
+    _plain(tmp_path / "runs")
+    written = study_figures([tmp_path / "runs"], tmp_path / "figs", title="Study A")
+    assert "accuracy_time" in ALWAYS and tmp_path / "figs" / "accuracy_time.png" in written
+    assert "Study A: mean client accuracy against wall-clock time (mean ± std over seeds)" in [t for t, _ in drawn]
+
+    study = load_study([tmp_path / "runs"])
+    styles = {m: {"color": "C0", "linestyle": "-"} for m in study.methods}
+    r = np.arange(1, ROUNDS + 1)
+    accuracy = 100 * (0.3 + 0.1 * r + 0.005)  # the mean of seeds 0 and 1
+    ax = _panel(_accuracy_figure(study, styles, "time"), "iid")
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert set(lines) == {"fedavg", "local"}  # local training sends nothing but takes time: a line like any
+    for method, seconds in (("fedavg", 2.0), ("local", 0.5)):
+        assert np.asarray(lines[method].get_xdata()) == pytest.approx((seconds + 0.25) * r)  # not the rounds
+        assert np.asarray(lines[method].get_ydata()) == pytest.approx(accuracy)
+    assert ax.get_xlabel().startswith("wall-clock time since the run's start [s]")
+    assert "machine" in ax.get_xlabel()  # the seconds are this machine's, not a property of the method
+
+    rounds = {line.get_label(): line for line in _panel(_accuracy_figure(study, styles, "rounds"), "iid").get_lines()}
+    assert np.asarray(rounds["local"].get_xdata()) == pytest.approx(r)
+
+
 def test_many_methods_get_distinct_styles():
     styles = method_styles([f"m{i}" for i in range(30)])
     assert len({(tuple(s["color"]), s["linestyle"]) for s in styles.values()}) == 30
@@ -126,6 +159,13 @@ BAD = [  # (file, content, what the message says)
     ("metrics.csv", "round,accuracy_mean,bytes_down\n1,0.5,10\n", "has no column 'bytes_up'"),
     ("metrics.csv", "round,accuracy_mean,bytes_up,bytes_down\n1,0.5,-1,10\n", "bytes_up holds something other"),
     ("metrics.csv", "round,accuracy_mean,bytes_up,bytes_down\n1,0.5,7,lots\n", "bytes_down holds something other"),
+    ("metrics.csv", "round,accuracy_mean,bytes_up,bytes_down\n1,0.5,7,8\n", "has no column 'elapsed_seconds'"),
+    ("metrics.csv", "round,accuracy_mean,bytes_up,bytes_down,elapsed_seconds\n1,0.5,7,8,-0.5\n",
+     r"elapsed_seconds holds something other than seconds since the run's start \(numbers >= 0\)"),
+    ("metrics.csv", "round,accuracy_mean,bytes_up,bytes_down,elapsed_seconds\n1,0.5,7,8,inf\n",
+     "elapsed_seconds holds something other than seconds"),
+    ("metrics.csv", "round,accuracy_mean,bytes_up,bytes_down,elapsed_seconds\n1,0.5,7,8,soon\n",
+     "elapsed_seconds holds something other than seconds"),
     ("summary.json", '{"scenario": "iid", "method": "fedavg", "seed": 1}', "lacks 'per_client_accuracy'"),
     ("summary.json", '{"scenario": "iid", "method": "fedavg", "seed": 1, "per_client_accuracy": [0.5, 3]}',
      "per_client_accuracy.1: input should be less than or equal to 1"),

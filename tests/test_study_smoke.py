@@ -194,7 +194,7 @@ def test_every_study_runs_end_to_end_as_a_smoke_run(path, smoke_runs):
         assert SMOKE_TITLE in (out / "claims" / "claims.md").read_text()
         assert (out / "claims" / "comparisons.csv").exists()
     pngs = sorted(p.stem for p in (out / "figures").glob("*.png"))
-    assert {"accuracy_rounds", "accuracy_bytes", "per_client"} <= set(pngs)
+    assert {"accuracy_rounds", "accuracy_bytes", "accuracy_time", "per_client"} <= set(pngs)
     assert (out / "diagnostics" / "diagnostics.md").exists()
     # a smoke run's figures, the diagnostics' too, are watermarked and for no paper: PNG only
     for folder in (out / "figures", out / "diagnostics" / "figures"):

@@ -3,6 +3,7 @@
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -169,6 +170,7 @@ def test_tiny_study_runs_end_to_end_and_a_rerun_does_nothing(tmp_path, fedfactor
 
     # a changed hyperparameter of one method re-runs that method's jobs (and the reports), nothing else,
     # and inside them only its runs: the finished runs of the other methods are skipped
+    shutil.copytree(out / "runs", tmp_path / "results" / "tiny_before" / "runs")  # compared with below
     spec = json.loads(study.read_text())
     spec["methods"]["fedavg"] = {"name": "fedprox", "mu": 0.0}
     study.write_text(json.dumps(spec))
@@ -186,6 +188,20 @@ def test_tiny_study_runs_end_to_end_and_a_rerun_does_nothing(tmp_path, fedfactor
     assert json.loads((runs / "fedavg" / "seed0" / "summary.json").read_text())["method_name"] == "fedprox"
     assert "holds this run, finished: skipped" in (out / "logs" / "train" / "perm" / "local" / "seed0.log").read_text()
     assert len(client.search_runs([exp.experiment_id])) == 8  # fedprox's two runs are new MLflow runs
+
+    # `snakemake compare`: the study against its runs before the change, cell by cell; FedProx at mu 0
+    # is FedAvg step for step, so every cell is the same in every seed
+    compared = _snakemake("--cores", "1", "compare", "--configfile", str(study), "--config", "compare_with=tiny_before",
+                          cwd=tmp_path, env=fedfactor_env)
+    assert compared.returncode == 0, compared.stderr + compared.stdout
+    frame = pd.read_csv(out / "compare" / "tiny_before" / "compare.csv")
+    assert sorted(frame["method"]) == ["fedavg", "fedper", "local"] and set(frame["verdict"]) == {"same"}
+    assert (out / "compare" / "tiny_before" / "compare.png").read_bytes()[:4] == b"\x89PNG"
+    unnamed = _snakemake("-n", "compare", "--configfile", str(study), cwd=tmp_path, env=fedfactor_env)
+    said = (unnamed.stdout + unnamed.stderr).splitlines()
+    assert unnamed.returncode == 1 and "Traceback" not in unnamed.stderr, said
+    assert said[-1] == (f"{study}: `snakemake compare` compares this study with another one's runs: name its folder "
+                        f"under {tmp_path}/results/ with --config compare_with=FOLDER (e.g. compare_with=default+untuned)")
 
 
 # ---------------------------------------------------------------------------------------------

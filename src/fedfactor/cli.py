@@ -299,8 +299,8 @@ def cmd_table(args) -> None:
         skipped = {k: m.name for k, m in study.methods.items() if not m.implemented}
         tuned = study.tuned
     runs = collect(args.runs)
-    md = write_tables(runs, args.out_md, args.out_csv, title=args.title, out_html=args.out_html, skipped=skipped,
-                      tuned=tuned)
+    md = write_tables(runs, args.out_md, args.out_csv, title=args.title, out_html=args.out_html, out_tex=args.out_tex,
+                      skipped=skipped, tuned=tuned)
     print(md)
 
 
@@ -572,6 +572,7 @@ def _add_table_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out-md", required=True)
     p.add_argument("--out-csv", required=True)
     p.add_argument("--out-html", help="also an HTML table (for the workflow's report)")
+    p.add_argument("--out-tex", help="also a LaTeX table (a plain tabular to \\input{})")
     p.add_argument("--study", help="the workflow's study.json: methods it lists but that are not implemented yet get a note")
     p.add_argument("--title", default="Results")
     p.set_defaults(func=cmd_table)
@@ -687,7 +688,7 @@ def _add_study_commands(sub: argparse._SubParsersAction) -> None:
 OUTPUTS = {
     "train": [("out", "folder")], "train-runs": [("done", "file")], "partition": [("out", "file")],
     "prepare-data": [("root", "folder"), ("out", "file")], "mlflow-init": [("out", "file")],
-    "table": [("out_md", "file"), ("out_csv", "file"), ("out_html", "file")], "study-spec": [("out", "file")],
+    "table": [("out_md", "file"), ("out_csv", "file"), ("out_html", "file"), ("out_tex", "file")], "study-spec": [("out", "file")],
     "paper-tables": [("out", "folder")], "claims": [("out", "folder")], "compare": [("out", "folder")],
     "verdicts": [("out", "file")], "figures": [("out", "folder")],
     "curves": [("out", "file")], "figure": [("out", "file")], "diagnose": [("out", "folder"), ("figures", "folder")],

@@ -8,6 +8,9 @@ always
                     (Factorized-FL 000 Fig. 6, FedFac 001 Fig. 9)
   accuracy_bytes    the same against the cumulative bytes sent up and down (log x); a method that
                     sends nothing (local training) is a dotted level at its last-round accuracy
+  accuracy_time     the same against the wall-clock seconds since the run's start (metrics.csv's
+                    elapsed_seconds, mean over seeds per round); local training is a line like any.
+                    The seconds are those of the machine that ran each run, under the load it had then
   per_client        each client's accuracy at the last round, a box with the clients as points per
                     method, methods ordered by median (001 Fig. 8, 002 Fig. 11)
 when the runs hold their data
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Sequence
+from typing import Annotated, Literal, Sequence
 
 import numpy as np
 import pandas as pd
@@ -46,11 +49,12 @@ from .report.figures import (DatasetKey, _read_metrics, decorate, holds_numbers,
                              mean_band, method_styles, panel_grid, pyplot, rounds_axis, save_figure)
 from .report.runs import Accuracy, _nan_is_null, find_summaries, read_summary
 
-ALWAYS = ("accuracy_rounds", "accuracy_bytes", "per_client")
+ALWAYS = ("accuracy_rounds", "accuracy_bytes", "accuracy_time", "per_client")
 OPTIONAL = ("similarity", "matching", "similarity_spread", "decomp", "elora")
 SPREAD = (0.1, 0.5, 0.9)  # the quantiles drawn: a band between the outer two, a line at the middle
 MB = 1e6
 _FIX = "the run did not finish or the file is damaged: re-run it"
+XAxis = Literal["rounds", "bytes", "time"]  # what the accuracy figures draw accuracy against
 
 ClientAccuracy = Annotated[Accuracy | None, BeforeValidator(_nan_is_null)]
 
@@ -77,7 +81,7 @@ class Study:
     """The runs of a study, read and checked."""
 
     runs: pd.DataFrame  # one row per run: scenario, method, seed, dataset, dir, per_client, config
-    curves: pd.DataFrame  # metrics.csv's evaluated rounds of every run, tagged, with bytes_mb
+    curves: pd.DataFrame  # metrics.csv's evaluated rounds of every run, tagged, with bytes_mb and elapsed_seconds
     scenarios: list[str]  # in the order they first appear
     methods: list[str]
     synthetic: bool  # some run trained on synthetic data
@@ -95,7 +99,7 @@ def load_study(summaries: Sequence[str | Path]) -> Study:
                              f"{run.seed}; pass the runs of one study (their labels must differ)")
         seen[key] = s
         path = s.parent / "metrics.csv"
-        metrics = check_diagnostics(path, _read_bytes(path, _read_metrics(path)))
+        metrics = check_diagnostics(path, _read_costs(path, _read_metrics(path)))
         frames.append(metrics.assign(scenario=run.scenario, method=run.method, seed=run.seed))
         rows.append({"scenario": run.scenario, "method": run.method, "seed": run.seed, "dataset": run.dataset,
                      "dir": s.parent, "per_client": [a for a in run.per_client_accuracy if a is not None],
@@ -106,14 +110,21 @@ def load_study(summaries: Sequence[str | Path]) -> Study:
                  synthetic=bool(runs["dataset"].map(is_synthetic).any()))
 
 
-def _read_bytes(path: Path, m: pd.DataFrame) -> pd.DataFrame:
-    """`m` with bytes_mb: the bytes sent up and down until each round, in MB, checked."""
-    for c in ("bytes_up", "bytes_down"):
+def _read_costs(path: Path, m: pd.DataFrame) -> pd.DataFrame:
+    """`m`, its cumulative bytes and seconds checked, with bytes_mb: the bytes sent up and down until
+    each round, in MB."""
+    _check_amounts(path, m, ("bytes_up", "bytes_down"), "byte counts")
+    _check_amounts(path, m, ("elapsed_seconds",), "seconds since the run's start")
+    return m.assign(bytes_mb=(m["bytes_up"] + m["bytes_down"]) / MB)
+
+
+def _check_amounts(path: Path, m: pd.DataFrame, columns: Sequence[str], what: str) -> None:
+    """UsageError naming `path` unless each of `columns` is in `m` and holds finite numbers >= 0."""
+    for c in columns:
         if c not in m:
             raise UsageError(f"{path} has no column {c!r}; {_FIX}")
         if not holds_numbers(m[c]) or not np.isfinite(m[c]).all() or (m[c] < 0).any():
-            raise UsageError(f"{path}: {c} holds something other than byte counts (numbers >= 0); {_FIX}")
-    return m.assign(bytes_mb=(m["bytes_up"] + m["bytes_down"]) / MB)
+            raise UsageError(f"{path}: {c} holds something other than {what} (numbers >= 0); {_FIX}")
 
 
 # -- the command ----------------------------------------------------------------------------------
@@ -137,8 +148,9 @@ def study_figures(summaries: Sequence[str | Path], out_dir: str | Path, title: s
     elora = elora_data([d / "summary.json" for d in study.runs["dir"]])[0] if _has_sweep(study) else None
 
     figures = {
-        "accuracy_rounds": lambda: _accuracy_figure(study, styles, by_bytes=False),
-        "accuracy_bytes": lambda: _accuracy_figure(study, styles, by_bytes=True),
+        "accuracy_rounds": lambda: _accuracy_figure(study, styles, "rounds"),
+        "accuracy_bytes": lambda: _accuracy_figure(study, styles, "bytes"),
+        "accuracy_time": lambda: _accuracy_figure(study, styles, "time"),
         "per_client": lambda: _per_client_figure(study, styles),
     }
     if sims:
@@ -150,6 +162,7 @@ def study_figures(summaries: Sequence[str | Path], out_dir: str | Path, title: s
     titles = {
         "accuracy_rounds": "mean client accuracy per round (mean ± std over seeds)",
         "accuracy_bytes": "mean client accuracy against bytes sent (mean ± std over seeds)",
+        "accuracy_time": "mean client accuracy against wall-clock time (mean ± std over seeds)",
         "per_client": "each client's accuracy at the last round",
         "similarity": "cosine similarity between clients (one run per scenario)",
         "matching": "how often each client mixed in each other client (one run per scenario)",
@@ -262,8 +275,9 @@ def _seeds(runs: pd.DataFrame) -> str:
     return f"{n} seed{'s' if high > 1 else ''}"
 
 
-def _accuracy_figure(study: Study, styles: dict, by_bytes: bool):
-    """A panel per scenario, a line per method: accuracy against rounds or cumulative bytes."""
+def _accuracy_figure(study: Study, styles: dict, x: XAxis):
+    """A panel per scenario, a line per method: accuracy against rounds, cumulative bytes or the
+    run's wall-clock seconds (each mean over seeds per round)."""
     plt, fig, axes = panel_grid(len(study.scenarios), 4.4, 3.3)
     for ax, scenario in zip(axes.flat, study.scenarios):
         curves = study.curves[study.curves.scenario == scenario]
@@ -272,8 +286,9 @@ def _accuracy_figure(study: Study, styles: dict, by_bytes: bool):
             d = curves[curves.method == method]
             if d.empty:
                 continue
-            if not by_bytes:
-                mean_band(ax, d, "accuracy_mean", label=method, **styles[method])
+            if x != "bytes":
+                mean_band(ax, d, "accuracy_mean", label=method, x="elapsed_seconds" if x == "time" else None,
+                          **styles[method])
                 continue
             positive = d[d.bytes_mb > 0]
             if positive.empty:  # nothing sent (local training): no place on a log axis
@@ -284,14 +299,16 @@ def _accuracy_figure(study: Study, styles: dict, by_bytes: bool):
                 mean_band(ax, positive, "accuracy_mean", label=method, x="bytes_mb", **styles[method])
                 sent = True
         ax.set_title(f"{scenario} ({_seeds(study.runs[study.runs.scenario == scenario])})", fontsize="medium")
-        if by_bytes:
+        if x == "bytes":
             if sent:
                 ax.set_xscale("log")
             ax.set_xlabel("bytes sent up + down, cumulative [MB]" + (" (log)" if sent else ""))
+        elif x == "time":  # seconds of this machine under its load then: not comparable across machines
+            ax.set_xlabel("wall-clock time since the run's start [s]\n(on the machine that ran it, under its load)")
         else:
             rounds_axis(ax)
         ax.set_ylabel("mean client accuracy [%]")
-        ax.grid(alpha=0.3, which="both" if by_bytes else "major")
+        ax.grid(alpha=0.3, which="both" if x == "bytes" else "major")
     legend_outside(fig, axes.flat, title="method")
     return fig
 

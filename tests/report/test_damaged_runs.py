@@ -34,8 +34,8 @@ def _summary(seed):
 def _metrics():
     r = np.arange(1, 4)
     return pd.DataFrame({"round": r, "accuracy_mean": 0.3 + 0.1 * r, "bytes_up": 100 * r, "bytes_down": 100 * r,
-                         "feddecomp.sigma_distance": 1.0 * r, "feddecomp.delta_sigma": 1.0 * r,
-                         "feddecomp.delta_tau": 1.0 * r}).to_csv(index=False)
+                         "elapsed_seconds": 1.5 * r, "feddecomp.sigma_distance": 1.0 * r,
+                         "feddecomp.delta_sigma": 1.0 * r, "feddecomp.delta_tau": 1.0 * r}).to_csv(index=False)
 
 
 def _npy(array):

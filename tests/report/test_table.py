@@ -190,9 +190,13 @@ def test_a_tuned_study_shows_the_values_its_runs_used_beside_its_numbers(tmp_pat
     (folder / "config.yaml").write_text(yaml.safe_dump({"fl": {"lr": 0.1}, "method": {"name": "g", "tau": 0.5}}))
     tuned = tmp_path / "tuned.yaml"
     tuned.write_text(yaml.safe_dump({"grid": {"f": {"fl.lr": [0.03, 0.1]}, "g": {"fl.lr": [0.1, 0.3], "tau": [0.5, 0.9]}}}))
-    md = write_tables(collect([tmp_path / "a", tmp_path / "b"]), tmp_path / "t.md", tmp_path / "t.csv", tuned=tuned)
+    md = write_tables(collect([tmp_path / "a", tmp_path / "b"]), tmp_path / "t.md", tmp_path / "t.csv", tuned=tuned,
+                      out_tex=tmp_path / "t.tex")
     rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| ")}
     assert rows["method"].rstrip().endswith("| chosen on validation (a; b) |")
+    tex = {line.split(" & ")[0]: line for line in (tmp_path / "t.tex").read_text().splitlines() if " & " in line}
+    assert tex["method"].endswith(r"& chosen on validation (a; b) \\")
+    assert tex["g"].endswith(r"& lr 0.3, tau 0.5; lr 0.3, tau 0.9 / lr 0.1, tau 0.5 \\")
     assert rows["f"].rstrip().endswith("| lr 0.1; lr 0.03 |")
     assert rows["g"].rstrip().endswith("| lr 0.3, tau 0.5; lr 0.3, tau 0.9 / lr 0.1, tau 0.5 |")
     csv = pd.read_csv(tmp_path / "t.csv").set_index(["scenario", "method"])

@@ -28,6 +28,7 @@ rule table:
     output:
         md=f"{STUDY_DIR}/tables/table.md",
         csv=f"{STUDY_DIR}/tables/table.csv",
+        tex=f"{STUDY_DIR}/tables/table.tex",
         html=report(
             f"{STUDY_DIR}/tables/table.html",
             caption="../report/table.rst",
@@ -46,7 +47,7 @@ rule table:
         CONDA_ENV
     shell:
         "fedfactor table {params.runs:q} --study {input.study:q} --out-md {output.md:q} --out-csv {output.csv:q}"
-        " --out-html {output.html:q} --title {params.title:q} > {log:q} 2>&1"
+        " --out-html {output.html:q} --out-tex {output.tex:q} --title {params.title:q} > {log:q} 2>&1"
 
 
 rule paper_tables:
@@ -109,7 +110,7 @@ rule claims:
 
 
 rule figures:
-    """Accuracy against rounds and against bytes, per-client accuracy, and, where the runs hold them,
+    """Accuracy against rounds, bytes and wall-clock time, per-client accuracy, and, where the runs hold them,
     similarity heatmaps, matching frequencies and the per-round spread of the similarities matched on
     against tau, FedDecomp's sigma/tau and E_lora figures (PNG + PDF)."""
     input:
@@ -171,3 +172,43 @@ rule diagnose:
         " --uri {params.uri:q}"
         " > {log:q} 2>&1"
 
+
+
+# `snakemake compare --config compare_with=<folder>`: this study against another's finished runs under
+# the same results folder (default+untuned: the untuned variant of the default study).
+COMPARE_WITH = config.get("compare_with")
+
+
+def compare_with_or_stop(wildcards):
+    """The other study's runs, or the one line saying what `compare` needs."""
+    if not COMPARE_WITH:
+        stop(f"{STUDY_FILES}: `snakemake compare` compares this study with another one's runs: name its "
+             f"folder under {RESULTS}/ with --config compare_with=FOLDER (e.g. compare_with=default+untuned)")
+    other = os.path.join(RESULTS, COMPARE_WITH, "runs")
+    if not os.path.isdir(other):
+        stop(f"{STUDY_FILES}: compare_with={COMPARE_WITH}: {other} holds no runs; run that study first")
+    return []
+
+
+rule compare:
+    """This study's reported accuracy against another study's, per scenario and method, paired over
+    the seeds both ran (docs/workflow.md, "Comparing two studies")."""
+    input:
+        compare_with_or_stop,
+        runs=train_jobs(),
+    output:
+        md=f"{STUDY_DIR}/compare/{COMPARE_WITH or 'none'}/compare.md",
+        csv=f"{STUDY_DIR}/compare/{COMPARE_WITH or 'none'}/compare.csv",
+        png=f"{STUDY_DIR}/compare/{COMPARE_WITH or 'none'}/compare.png",
+    params:
+        runs=runs("summary.json"),
+        against=lambda w: os.path.join(RESULTS, COMPARE_WITH, "runs"),
+        names=lambda w: [STUDY_FOLDER, COMPARE_WITH],
+        out=lambda w, output: os.path.dirname(output.md),
+    log:
+        f"{STUDY_DIR}/logs/compare_{COMPARE_WITH or 'none'}.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "fedfactor compare {params.runs:q} --against {params.against:q} --names {params.names:q}"
+        " --out {params.out:q} > {log:q} 2>&1 && tail -n 1 {log:q}"

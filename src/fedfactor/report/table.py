@@ -13,6 +13,7 @@ from ..errors import UsageError
 from ..io import atomic_write_text
 from .cells import seeds_note, shown_interval, t_interval
 from .runs import TableRun, find_summaries, read_summary
+from .paper import tex_escape
 from .spec import PROTOCOL_WORDS, SMOKE_TITLE
 
 
@@ -139,6 +140,19 @@ def to_html(agg: pd.DataFrame, title: str, notes: list[str] = (),
             f"<style>{HTML_STYLE}</style></head><body><h1>{html.escape(title)}</h1>{paras}{table}</body></html>\n")
 
 
+def to_latex(agg: pd.DataFrame, title: str, notes: list[str] = (),
+             chosen: Mapping[tuple[str, str], str] | None = None) -> str:
+    """The table as a plain LaTeX tabular (no packages needed), for \\input{} into a paper."""
+    head, rows = cells(agg, chosen)
+    lines = ["% fedfactor table: \\input{} into a document (plain tabular; no packages needed)",
+             "\\begin{table}[htbp]", "\\centering\\scriptsize",
+             f"\\caption{{{tex_escape(' '.join([title + '.', caption(agg), *notes]))}}}",
+             "\\begin{tabular}{l|" + "l" * (len(head) - 1) + "}", "\\hline",
+             " & ".join(tex_escape(h) for h in head) + " \\\\", "\\hline"]
+    lines += [" & ".join(tex_escape(c) for c in row) + " \\\\" for row in rows]
+    return "\n".join([*lines, "\\hline", "\\end{tabular}", "\\end{table}", ""])
+
+
 HTML_STYLE = ("body{font-family:sans-serif;margin:1em} table{border-collapse:collapse} "
               "th,td{padding:.25em .6em;border-bottom:1px solid #ccc;text-align:right} "
               "td:first-child,th:first-child{text-align:left}")
@@ -149,9 +163,9 @@ def _words(agg: pd.DataFrame, column: str) -> str:
 
 
 def write_tables(runs: pd.DataFrame, out_md: str | Path, out_csv: str | Path, title: str = "Results",
-                 out_html: str | Path | None = None, skipped: dict[str, str] | None = None,
+                 out_html: str | Path | None = None, out_tex: str | Path | None = None, skipped: dict[str, str] | None = None,
                  tuned: str | Path | None = None) -> str:
-    """Markdown, csv (and html); `skipped` (label -> method name) lists methods the study names but
+    """Markdown, csv (and html, LaTeX); `skipped` (label -> method name) lists methods the study names but
     fedfactor does not implement yet; `tuned`, the chosen-values file of a tuned study, adds the values
     each cell's runs used for the keys it tuned (the csv's `chosen` column). Runs on synthetic data are
     flagged in the title and the csv."""
@@ -176,4 +190,6 @@ def write_tables(runs: pd.DataFrame, out_md: str | Path, out_csv: str | Path, ti
     atomic_write_text(out_md, md)
     if out_html is not None:
         atomic_write_text(out_html, to_html(agg, title, notes, chosen))
+    if out_tex is not None:
+        atomic_write_text(out_tex, to_latex(agg, title, notes, chosen))
     return md
