@@ -398,3 +398,22 @@ def test_best_by_bytes_names_the_cheapest_other_and_a_missing_scenario_keeps_the
     assert f.loc["absent", "verdict"] == "not run" and "s1: a 72.00, next best local 80.00" in f.loc["absent", "observed"]
     # local ran in s2, a did not: the comparison is skipped, not made against nothing
     assert f.loc["gap", "verdict"] == "not run" and f.loc["gap", "observed"] == ""
+
+
+def test_accuracies_at_100_percent_in_every_seed_decide_nothing(tmp_path):
+    """A claim that a beats b, or is the best, cannot be decided where both score 100 % in every seed:
+    within noise, saying why. One seed below the ceiling on either side and the usual test decides."""
+    for seed in range(3):
+        _run(tmp_path, "s1", "a", seed, 1.0)
+        _run(tmp_path, "s1", "b", seed, 1.0)
+        _run(tmp_path, "s2", "a", seed, 1.0)
+        _run(tmp_path, "s2", "b", seed, 0.99)  # a leads by 1 point in every seed
+    study = _study([_claim("order", kind="order", a="a", b="b", scenarios="s1"),
+                    _claim("top", kind="best", method="a", among=["b"], scenarios="s1"),
+                    _claim("below", kind="order", a="a", b="b", scenarios="s2")])
+    f = _verdicts(study, tmp_path, tmp_path / "out")
+    assert f.loc["order", "verdict"] == "within noise" == f.loc["top", "verdict"]
+    assert f.loc["order", "interval"] == ("s1: a vs b: +0.00 pp, both at 100 % in all 3 seeds: the ceiling separates "
+                                          "nothing (within noise)")
+    assert "both at 100 % in all 3 seeds" in f.loc["top", "interval"]
+    assert f.loc["below", "verdict"] == "reproduced"  # one side below the ceiling: decided on its value

@@ -15,7 +15,8 @@ Verdict of a comparison, from that interval and the claim's condition (`_Region`
 decided on its value. One seed gives no interval: the comparison is `within noise`, since one run says
 nothing about how far the next seed would move it; bytes are the exception and are decided on the
 value, because a run's communication is set by the model, the rounds and the clients that take part,
-not by the training's randomness. A claim is `reproduced` when every comparison is, `not reproduced`
+not by the training's randomness. Two accuracies at 100 % in every seed of both (an analogue too easy
+for the claim) decide nothing either: that comparison is `within noise`, saying so. A claim is `reproduced` when every comparison is, `not reproduced`
 when any is not, `within noise` otherwise, and `not run` when a needed run is missing or a method is
 not implemented yet (the `missing` column says which). A ratio whose denominator is zero in a seed (a
 method that sends nothing) has no quantity: that comparison, and the claim unless another comparison
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import html
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -111,6 +112,20 @@ def _above(margin: float) -> _Region:
 
 def _p(p: float) -> str:
     return "p<0.001" if p < 0.001 else f"p={p:.2g}"
+
+
+CEILING = 100.0  # accuracy in %: the most a run can score
+
+
+def _at_ceiling(unit: str, *cells: Values) -> bool:
+    """Every seed of every cell scores 100 %: no difference between them can show, whatever the
+    methods do (an analogue too easy for its claim), so the comparison decides nothing."""
+    return unit == "pp" and all(v == CEILING for cell in cells for v in cell.per_seed.values())
+
+
+def _ceiling(e: _Estimate, n: int) -> _Estimate:
+    return replace(e, lo=math.nan, hi=math.nan, exact=False,
+                   test=f"both at 100 % in all {n} seeds: the ceiling separates nothing")
 
 
 def _paired_test(x: np.ndarray, null: float) -> _Estimate:
@@ -249,6 +264,8 @@ def _difference(claim, reader: _Reader, pairs, region: _Region, unit: str, verb:
             label = f"{_name(claim, sa)}: {xa} -> {xb}"
             text = f"{_name(claim, sa)}: {xa} {_fmt(va.mean, unit)} -> {xb} {_fmt(vb.mean, unit)}"
         est = difference_estimate(va, vb, unit == "GB")
+        if _at_ceiling(unit, va, vb):
+            est = _ceiling(est, min(va.n, vb.n))
         agree, paired = _paired([va, vb], lambda a, b: region.holds(a - b))
         out.append(_Check(f"{text} ({d:+.{4 if unit == 'GB' else 2}f} {unit})", label, est, region.verdict(est),
                           agree, paired, unit, region))
@@ -331,6 +348,8 @@ def _best(claim: BestClaim, reader: _Reader, unit: str) -> tuple[list[_Check], s
             max(range(len(others)), key=lambda i: others[i].mean)
         # unpaired, the lead can only be tested against one other method: the next best on the means
         est = _estimate([mine, *others], lead, 0.0, lowest, (others[k], mine) if lowest else (mine, others[k]))
+        if _at_ceiling(unit, mine, others[k]):
+            est = _ceiling(est, min(mine.n, others[k].n))
         agree, paired = _paired([mine, *others], lambda me, *rest: region.holds(lead(me, *rest)))
         out.append(_Check(f"{s}: {_name(claim, claim.method)} {_fmt(mine.mean, unit)}, next best "
                           f"{_name(claim, claim.among[k])} {_fmt(others[k].mean, unit)} ({d:+.{4 if lowest else 2}f} "
