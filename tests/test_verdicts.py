@@ -80,12 +80,17 @@ def test_the_page_lists_every_claim_of_the_paper_studies_once(empty_page):
     page, folder = empty_page
     rows = _rows(page)
     assert len(rows) == PAPER_CLAIMS and set(rows) == _all_claims()
+    deferred = "fedfac_tuning.deepest_lambda_best"  # names VGG-16's layers: needs paper scale, run or not
     for key, cells in rows.items():
         assert len(cells) == 7, key
         # no results: not run at CPU scale and at paper scale, in every mode
-        assert set(re.findall(r"\*\*([^*]+)\*\*", cells[4])) == {"not run"}, key
+        at_cpu = "needs paper scale" if key == deferred else "not run"
+        assert set(re.findall(r"\*\*([^*]+)\*\*", cells[4])) == {at_cpu}, key
         assert set(re.findall(r"\*\*([^*]+)\*\*", cells[6])) == {"not run"}, key
-        assert cells[3] == "" and cells[5].startswith("`cpu_"), key  # every claim is taken by a CPU study
+        assert cells[5].startswith("`cpu_"), key  # every claim is taken by a CPU study
+        lambdas = ", ".join(f"lambda{k}" for k in (1, *range(3, 15)))
+        assert cells[3] == ("" if key != deferred else f"paper scale only: {lambdas}: VGG-16 has 15 layers below its "
+                            "classifier to choose from; the CPU model (cnn_bn) has 3"), key
     # a claim about a seed method has a verdict as run and one with the text variant
     alpha = rows["factorized_fl_label.alpha_consistent_under_permutation"]
     assert alpha[4] == "as run: **not run**<br>text: **not run**"
@@ -93,6 +98,7 @@ def test_the_page_lists_every_claim_of_the_paper_studies_once(empty_page):
     summary = {m.group(1): m.group(2) for m in re.finditer(r"^\| ([^|*]+ \(00\d[^|]*\)) \| (\d+) \|", page, re.M)}
     assert sum(map(int, summary.values())) == PAPER_CLAIMS and len(summary) == 4
     assert "| Factorized-FL (000, NeurIPS 2022) | 20 | 0 | 0 | 0 | 0 | 0 | 20 | 0 |" in page
+    assert "| FedFac / FedSplit (001) | 13 | 0 | 0 | 0 | 0 | 1 | 12 | 0 |" in page  # one claim names VGG-16's layers
     assert list(folder.glob("*.png")) == []  # nothing run: no figure
 
 
@@ -140,7 +146,8 @@ def test_the_cpu_and_paper_scale_verdicts_are_read_from_the_results(tmp_path):
     assert cells[4] == "**reproduced**" and cells[5] == "`cpu_factorized_fl`" and cells[6] == "**not reproduced**"
     far = _rows(out.read_text())["factorized_fl_label.fedfomo_sends_6x"]
     assert far[3] == "paper scale only: fedfomo: VGG" and far[4] == "**needs paper scale**" and far[6] == "**not run**"
-    others = {k: c for k, c in _rows(out.read_text()).items() if k not in (LOSES, "factorized_fl_label.fedfomo_sends_6x")}
+    others = {k: c for k, c in _rows(out.read_text()).items()
+              if k not in (LOSES, "factorized_fl_label.fedfomo_sends_6x", "fedfac_tuning.deepest_lambda_best")}
     assert all(c[4].count("not run") == c[4].count("**") // 2 for c in others.values())
     assert "| Factorized-FL (000, NeurIPS 2022) | 20 | 1 | 0 | 0 | 0 | 1 | 18 | 1 |" in out.read_text()
     # one figure, for the paper with CPU results, beside the page
@@ -160,7 +167,7 @@ def test_a_smoke_runs_verdicts_are_not_results(tmp_path):
     assert cells[3] == "" and cells[4] == "**not run**"
     assert _rows(out.read_text())["factorized_fl_label.fedfomo_sends_6x"][4] == "**not run**"
     assert list(tmp_path.glob("*.png")) == []
-    assert all(r.cpu == {} for r in rows)
+    assert all(r.cpu == {} for r in rows if r.id != "deepest_lambda_best")  # deferred, run or not
 
 
 def test_a_cpu_study_with_text_variants_the_paper_study_lacks_shows_its_verdict(tmp_path):
@@ -183,5 +190,5 @@ def test_the_verdicts_command_writes_the_page(tmp_path, monkeypatch):
     with contextlib.redirect_stdout(printed):
         assert main(["verdicts", "--results", str(tmp_path), "--out", str(tmp_path / "v.md")]) == 0
     assert f"{PAPER_CLAIMS} claims of 4 papers at CPU scale: 0 reproduced" in printed.getvalue()
-    assert f"{PAPER_CLAIMS} not run -> {tmp_path / 'v.md'}" in printed.getvalue()
+    assert f"1 needs paper scale, {PAPER_CLAIMS - 1} not run -> {tmp_path / 'v.md'}" in printed.getvalue()
     assert len(_rows((tmp_path / "v.md").read_text())) == PAPER_CLAIMS

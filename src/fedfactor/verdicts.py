@@ -3,7 +3,8 @@
 The claims are the paper studies' (config/studies/*.yaml). A CPU-scale study (config/studies/cpu/)
 tests them on embedded real images through `claims_from` (borrow.py); the paper studies test them at
 paper scale. Both write the verdicts to `<results>/<study>/claims/claims.csv` from the same claim
-definition; a study without results there (or with a smoke run's) shows "not run". One row per claim:
+definition; a study without results there (or with a smoke run's) shows "not run", but for the claims it
+cannot test, which need paper scale whether it has run or not. One row per claim:
 its paper and source, the paper's own numbers for the claim's comparisons (the claim evaluated on the
 transcribed tables, where they print the values), ours at CPU scale with the 95 % intervals, the verdict
 as run and as the text describes it, the scale it was tested at, and the paper-scale verdict. One figure
@@ -24,7 +25,7 @@ import pandas as pd
 from .io import atomic_write_text
 from .report.borrow import read_study_file
 from .report.cells import Values
-from .report.claims import NEEDS_PAPER_SCALE, NOT_RUN, VERDICTS, _Reader, evaluate_one
+from .report.claims import NEEDS_PAPER_SCALE, NOT_RUN, VERDICTS, _deferred_rows, _Reader, evaluate_one
 from .report.figures import pyplot, save_figure
 from .report.paper import resolve_tables
 from .report.spec import Side, StudySpec, check_spec, with_text_variants
@@ -104,9 +105,11 @@ def collect(studies: Path, cpu: Path, results: Path) -> tuple[list[Row], dict[st
     # (origin, id) -> mode -> its claims.csv row; "" and "as run" are one mode, since a CPU study may
     # check a text variant its paper study lacks
     cpu_rows: dict[tuple[str, str], dict[str, Mapping[str, Any]]] = {}
-    for name in cpu_docs:
+    for name, doc in cpu_docs.items():
         frame = read_verdicts(results, name)
-        for r in [] if frame is None else frame.to_dict("records"):
+        # a claim the study cannot test needs paper scale whether or not the study has run
+        records = _deferred_rows(spec_of(doc), smoke=False) if frame is None else frame.to_dict("records")
+        for r in records:
             cpu_rows.setdefault((r["origin"], r["id"]), {})[r["mode"] or "as run"] = r
     docs = [d for d in (read_study_file(p) for p in sorted(studies.glob("*.yaml"))) if d.get("claims")]
     papers = _papers(docs)
