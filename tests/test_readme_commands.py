@@ -186,8 +186,17 @@ def test_snakemake_commands_dry_run(command, workdir, tmp_path):
         del argv[i:i + 2]
     # files the docs wrote (mine.yaml, cluster.yaml) lie in the work folder
     argv = [str(workdir / a) if (workdir / a).is_file() else a for a in argv]
-    ok, out = _snakemake_dry_run([*argv, "-n", "--config", f"results={tmp_path}"])
+    if "--config" in argv:  # one --config: a second would replace the first's keys
+        i = argv.index("--config") + 1
+        argv = [*argv[:i], f"results={tmp_path}", *argv[i:], "-n"]
+    else:
+        argv = [*argv, "-n", "--config", f"results={tmp_path}"]
+    if "compare" in argv:  # the study it compares with has run
+        other = next(a for a in argv if a.startswith("compare_with=")).split("=", 1)[1]
+        (tmp_path / other / "runs").mkdir(parents=True)
+    ok, out = _snakemake_dry_run(argv)
     assert ok, out[-3000:]
+    assert ("compare" in argv) == bool(re.search(r"^compare\s+1$", out, re.M)), out[-3000:]
     # training jobs: the study's, or the tuning's for `snakemake tune`
     assert re.search(r"^(tune_)?train\s+\d+$", out, re.M), out[-3000:]
     assert ("tune" in argv) == bool(re.search(r"^tune_train\s+\d+$", out, re.M)), out[-3000:]

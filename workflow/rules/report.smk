@@ -174,22 +174,6 @@ rule diagnose:
 
 
 
-# `snakemake compare --config compare_with=<folder>`: this study against another's finished runs under
-# the same results folder (default+untuned: the untuned variant of the default study).
-COMPARE_WITH = config.get("compare_with")
-
-
-def compare_with_or_stop(wildcards):
-    """The other study's runs, or the one line saying what `compare` needs."""
-    if not COMPARE_WITH:
-        stop(f"{STUDY_FILES}: `snakemake compare` compares this study with another one's runs: name its "
-             f"folder under {RESULTS}/ with --config compare_with=FOLDER (e.g. compare_with=default+untuned)")
-    other = os.path.join(RESULTS, COMPARE_WITH, "runs")
-    if not os.path.isdir(other):
-        stop(f"{STUDY_FILES}: compare_with={COMPARE_WITH}: {other} holds no runs; run that study first")
-    return []
-
-
 rule compare:
     """This study's reported accuracy against another study's, per scenario and method, paired over
     the seeds both ran (docs/workflow.md, "Comparing two studies")."""
