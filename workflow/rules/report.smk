@@ -181,9 +181,9 @@ rule compare:
         compare_with_or_stop,
         runs=train_jobs(),
     output:
-        md=f"{STUDY_DIR}/compare/{COMPARE_WITH or 'none'}/compare.md",
-        csv=f"{STUDY_DIR}/compare/{COMPARE_WITH or 'none'}/compare.csv",
-        png=f"{STUDY_DIR}/compare/{COMPARE_WITH or 'none'}/compare.png",
+        md=f"{COMPARE_DIR}/compare.md",
+        csv=f"{COMPARE_DIR}/compare.csv",
+        png=f"{COMPARE_DIR}/compare.png",
     params:
         runs=runs("summary.json"),
         against=lambda w: os.path.join(RESULTS, COMPARE_WITH, "runs"),

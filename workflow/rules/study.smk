@@ -158,6 +158,7 @@ def study_targets():
 # `snakemake compare --config compare_with=<folder>`: this study against another's finished runs under
 # the same results folder (default+untuned: the untuned variant of the default study).
 COMPARE_WITH = config.get("compare_with")
+COMPARE_DIR = f"{STUDY_DIR}/compare/{COMPARE_WITH or 'none'}"
 
 
 def compare_with_or_stop(wildcards):
