@@ -285,6 +285,10 @@ def test_runs_in_one_process_equal_separate_runs_skip_finished_ones_and_outlive_
     assert len(failures) == 1 and failures[0][0] == tmp_path / "diverges"
     assert failures[0][1].startswith("round 1, client 0")
     assert not (tmp_path / "diverges" / "summary.json").exists()
+    # the failure is kept in the run's folder, for a study that records failed runs as results
+    assert json.loads((tmp_path / "diverges" / "failed.json").read_text()) == {
+        "scenario": "custom", "method": "fedavg", "seed": 0, "reason": failures[0][1]}
+    assert not (tmp_path / "alpha" / "failed.json").exists()
     assert "round 1, client 0" in (tmp_path / "logs" / "diverges.log").read_text()
     assert "fedavg/seed1 round 2/2" in (tmp_path / "logs" / "fedavg.log").read_text()
     assert "factorized_fl_alpha" not in (tmp_path / "logs" / "fedavg.log").read_text()  # each run its own log
@@ -303,6 +307,9 @@ def test_runs_in_one_process_equal_separate_runs_skip_finished_ones_and_outlive_
     assert "holds this run, finished: skipped" in (tmp_path / "logs" / "alpha.log").read_text()
     # a finished folder of another config is no finished run of this one
     assert finished_summary(load_config(None, [*TINY, "seed=2"]), tmp_path / "fedavg") is None
+    # an attempt that finishes takes the earlier failure away
+    train(load_config(None, [*TINY, "fl.lr=0.01"]), tmp_path / "diverges")
+    assert not (tmp_path / "diverges" / "failed.json").exists()
 
 
 def test_a_diverging_loss_stops_the_run_naming_round_and_client(tmp_path):

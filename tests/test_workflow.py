@@ -204,6 +204,32 @@ def test_tiny_study_runs_end_to_end_and_a_rerun_does_nothing(tmp_path, fedfactor
                         f"under {tmp_path}/results/ with --config compare_with=FOLDER (e.g. compare_with=default+untuned)")
 
 
+@pytest.mark.slow
+def test_a_study_that_records_failed_runs_finishes_and_names_them(tmp_path, fedfactor_env):
+    """failed_runs: record: a run that diverges is a result. The study finishes, the job's marker and the
+    run's folder say why, and the table is over the seeds that finished and names the one that did not.
+    Without it (the default) the same study stops at the failed job."""
+    study = _study_file(
+        tmp_path, "data: {name: digits}\nmodel: {name: mlp}\nfl: {clients: 4, rounds: 2, epochs: 1, batch_size: 32}\n",
+        study="tiny", seeds=[0, 1], scenarios={"iid": {"partition": {"kind": "iid"}}},
+        methods={"fedavg": {"name": "fedavg"}, "wild": {"name": "fedavg", "run": {"fl": {"lr": 1e12}}}},
+        failed_runs="stop")
+    stopped = _snakemake("--cores", "2", "--configfile", str(study), cwd=tmp_path, env=fedfactor_env)
+    assert stopped.returncode != 0 and not (tmp_path / "results" / "tiny" / "tables").exists()
+    spec = json.loads(study.read_text())
+    study.write_text(json.dumps({**spec, "failed_runs": "record"}))
+    r = _snakemake("--cores", "2", "--configfile", str(study), cwd=tmp_path, env=fedfactor_env)
+    assert r.returncode == 0, r.stderr + r.stdout
+    out = tmp_path / "results" / "tiny"
+    failed = json.loads((out / "runs" / "iid" / "wild" / "seed1" / "failed.json").read_text())
+    assert failed["seed"] == 1 and failed["reason"].startswith("round 1, client ")
+    marker = json.loads((out / "jobs" / "train" / "iid" / "seed1-2.json").read_text())  # wild: the 2nd job
+    assert [f["run"] for f in marker["failed"]] == [str(out / "runs" / "iid" / "wild" / "seed1")]
+    md = (out / "tables" / "table.md").read_text()
+    assert "Failed, not in the numbers (each cell is over the seeds that finished): iid/wild seed 0: round 1, " in md
+    assert "| wild |" not in md and "| fedavg |" in md  # no seed of wild finished: no row of numbers
+
+
 # ---------------------------------------------------------------------------------------------
 # fedfactor.workflow: what the Snakefile asks of the package
 

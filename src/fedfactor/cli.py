@@ -289,7 +289,7 @@ def cmd_mlflow_import(args) -> None:
 
 
 def cmd_table(args) -> None:
-    from .report.table import collect, write_tables
+    from .report.table import collect, failed_note, write_tables
 
     skipped, tuned = None, None
     if args.study:
@@ -300,7 +300,7 @@ def cmd_table(args) -> None:
         tuned = study.tuned
     runs = collect(args.runs)
     md = write_tables(runs, args.out_md, args.out_csv, title=args.title, out_html=args.out_html, out_tex=args.out_tex,
-                      skipped=skipped, tuned=tuned)
+                      skipped=skipped, tuned=tuned, failed=failed_note(args.runs))
     print(md)
 
 

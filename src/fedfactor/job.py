@@ -42,6 +42,7 @@ from .io import (NO_SPACE, atomic_open, atomic_write_json, atomic_write_npy, ato
                  folder_lock, full_disk_message, remove_stale_temporaries)
 from .tracking import FINAL_KEYS, RUN_FILES, STATE_FILE, Tracker, log_to_run, run_identity
 from .diagnostics.weights import WEIGHTS_FILE, save_client_weights
+from .report.runs import FAILED
 
 log = logging.getLogger("fedfactor")
 
@@ -274,16 +275,29 @@ def train_runs(runs: list[tuple[Config, Path, Path | None]],
                 train(cfg, out, hold_signals and i == len(runs) - 1)
             except (UsageError, RunFailed) as e:
                 log.error("%s: %s", out, e)
-                failures.append((out, str(e)))
+                failures.append(_failed(cfg, out, str(e)))
             except Exception as e:  # a bug in one method must not cost the other runs of the job
                 log.exception("%s failed", out)
-                failures.append((out, f"{type(e).__name__}: {e}"))
+                failures.append(_failed(cfg, out, f"{type(e).__name__}: {e}"))
             else:
                 if on_finished is not None:
                     on_finished(out, time.monotonic() - clock)
             finally:
                 clock = time.monotonic()
     return failures
+
+
+def _failed(cfg: Config, out: Path, reason: str) -> tuple[Path, str]:
+    """(out, reason), with the reason kept in the run's folder (failed.json): a study that records
+    failed runs (`failed_runs: record`) shows them in its tables and claims; the run's next attempt
+    removes it."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out / FAILED, {"scenario": cfg.scenario, "method": cfg.label or cfg.method["name"],
+                                         "seed": cfg.seed, "reason": reason})
+    except OSError as e:  # a full disk: the failure still goes back to the caller
+        log.error("%s: cannot record the failure (%s)", out, e)
+    return out, reason
 
 
 def _previous_fingerprint(out: Path) -> dict | None:
@@ -329,6 +343,7 @@ def _prepare_folder(cfg: Config, out: Path, sim: Simulator) -> tuple[dict, list[
     this config's is loaded into `sim`; returns the config's fingerprint and the rounds the run was
     resumed after."""
     remove_stale_temporaries(out)
+    (out / FAILED).unlink(missing_ok=True)  # an earlier attempt's failure; this one decides anew
     fp = fingerprint(cfg)
     previous = _previous_fingerprint(out)
     if previous is not None and previous != fp:

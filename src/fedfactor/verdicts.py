@@ -179,6 +179,8 @@ def _ours(row: Row) -> str:
         parts.insert(0, f"missing: {r['missing']}")
     if r["scale_note"]:
         parts.append(f"({r['scale_note']})")
+    if r.get("failed"):  # claims.csv files written before failed runs were recorded lack the column
+        parts.append(f"failed runs left out: {r['failed']}")
     return "; ".join(p for p in parts if p)
 
 

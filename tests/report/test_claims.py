@@ -417,3 +417,34 @@ def test_accuracies_at_100_percent_in_every_seed_decide_nothing(tmp_path):
                                           "nothing (within noise)")
     assert "both at 100 % in all 3 seeds" in f.loc["top", "interval"]
     assert f.loc["below", "verdict"] == "reproduced"  # one side below the ceiling: decided on its value
+
+
+def _failed(root, scenario, label, seed, reason):
+    """A run that failed, as `train-runs` files it: failed.json in place of its summary."""
+    d = root / "runs" / scenario / label / f"seed{seed}"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "failed.json").write_text(json.dumps({"scenario": scenario, "method": label, "seed": seed,
+                                               "reason": reason}))
+
+
+def test_a_failed_run_is_named_and_the_claim_is_decided_on_the_seeds_that_finished(runs, tmp_path):
+    """Seed 2 of a failed in s1 (a recorded failure): a vs b is paired on seeds 0 and 1 (differences 9 and 10:
+    mean 9.5, sd 0.707, interval 9.5 -+ 12.706 * 0.5 = [3.15, 15.85]), and the claim says which run it left
+    out and why. A cell whose every run failed is a missing one."""
+    (runs / "runs" / "s1" / "a" / "seed2" / "summary.json").unlink()
+    _failed(runs, "s1", "a", 2, "round 9 kept no update")
+    for seed in range(3):
+        _failed(runs, "s2", "b", seed, "round 1, client 0: diverged")
+    study = _study([_claim("yes", kind="order", a="a", b="b", scenarios=["s1"]),
+                    _claim("gone", kind="order", a="local", b="b", scenarios=["s2"]),
+                    _claim("other", kind="drop", method="local", **{"from": ["s1"]}, to=["s2"])])
+    f = _verdicts(study, runs, tmp_path / "out")
+    assert f.loc["yes", "verdict"] == "reproduced" and f.loc["yes", "seeds"] == 2
+    assert "95 % CI [+3.15, +15.85]" in f.loc["yes", "interval"] and f.loc["yes", "seeds_agree"] == "2/2"
+    assert f.loc["yes", "failed"] == "a in s1, seed 2: round 9 kept no update"
+    assert f.loc["gone", "verdict"] == "not run" and f.loc["gone", "missing"] == "b in s2: no runs finished"
+    assert f.loc["gone", "failed"].startswith("b in s2, seed 0: round 1, client 0: diverged; b in s2, seed 1")
+    assert pd.isna(f.loc["other", "failed"]) or f.loc["other", "failed"] == ""  # its runs all finished
+    md = (tmp_path / "out" / "claims.md").read_text()
+    assert ("- yes: Failed, left out (decided on the seeds whose runs all finished): a in s1, seed 2: round 9 kept "
+            "no update.") in md

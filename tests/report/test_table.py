@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from fedfactor.errors import UsageError
-from fedfactor.report.table import collect, write_tables
+from fedfactor.report.table import collect, failed_note, write_tables
 
 PROTOCOL = {"test_pool": "shared", "model": "trained", "report": "best"}
 
@@ -206,3 +206,27 @@ def test_a_tuned_study_shows_the_values_its_runs_used_beside_its_numbers(tmp_pat
     with pytest.raises(UsageError, match="cannot read the chosen values"):
         write_tables(collect([tmp_path / "a"]), tmp_path / "v.md", tmp_path / "v.csv", tuned=tmp_path / "none.yaml")
     assert not (tmp_path / "v.md").exists()
+
+
+def test_a_failed_run_is_named_under_the_table_and_left_out_of_its_cell(tmp_path):
+    """A study that records failed runs (failed_runs: record) lists each run's summary.json; one that
+    failed has failed.json instead. The cell is over the seeds that finished, its n says so, and a note
+    names the run and why; a listed summary.json with neither is still an error."""
+    for seed, acc in enumerate([0.5, 0.7, 0.6]):
+        _summary(tmp_path / f"a/f/seed{seed}", "a", "f", seed, acc)
+    failed = tmp_path / "a/f/seed3"
+    failed.mkdir()
+    (failed / "failed.json").write_text(json.dumps({"scenario": "a", "method": "f", "seed": 3,
+                                                    "reason": "round 9 kept no update"}))
+    listed = [tmp_path / f"a/f/seed{seed}/summary.json" for seed in range(4)]
+    from fedfactor.cli import main
+
+    main(["table", *map(str, listed), "--out-md", str(tmp_path / "t.md"), "--out-csv", str(tmp_path / "t.csv")])
+    md = (tmp_path / "t.md").read_text()
+    assert "60.00 +- 10.00" in md and "(n=3)" in md
+    assert "Failed, not in the numbers (each cell is over the seeds that finished): a/f seed 3: round 9 kept no " \
+           "update." in md
+    assert failed_note([tmp_path / "a"]) == failed_note(listed)  # a folder searched finds the same
+    (failed / "failed.json").unlink()
+    with pytest.raises(UsageError, match="seed3/summary.json does not exist"):
+        collect(listed)

@@ -45,6 +45,8 @@ rule train:
         runs=job_runs,
         uri=MLFLOW_URI,
         study=lambda w, output: str(Path(output[0]).parents[3]),  # STUDY/jobs/train/SCENARIO/seedN-J.json
+        # failed_runs: record: a run that fails is a result (its failed.json), not the job's failure
+        failed=lambda w: "--allow-failed" if config["failed_runs"] == "record" else "",
     threads: config["threads_per_job"]
     # One seed of every (scenario, method) cell first, then the next seed: the first complete table
     # (live.md) appears after a fraction of the study.
@@ -63,4 +65,4 @@ rule train:
     # study.smk's train_sets gives the DAG build's checks the same `--set`s in the same order: change
     # both together (tests/test_workflow.py compares them).
     shell:
-        f"{TRAIN_COMMAND} --study {{params.study:q}} 2> {{log:q}}"
+        f"{TRAIN_COMMAND} --study {{params.study:q}} {{params.failed}} 2> {{log:q}}"

@@ -13,7 +13,7 @@ from scipy import stats
 
 from ..config import EvalConfig
 from ..errors import UsageError
-from .runs import Accuracy, TableRun, find_summaries, read_summary
+from .runs import Accuracy, FailedRun, RunKey, TableRun, find_failed, find_summaries, read_summary
 from .spec import SYNTHETIC_PREFIX, StudySpec
 
 
@@ -44,9 +44,11 @@ class StudyRuns:
     protocol: EvalConfig | None = None
     synthetic: bool = False  # some run trained on synthetic data
     ignored: int = 0  # runs of scenarios or methods the study does not list
+    # runs that failed (failed_runs: record), by (scenario, method label): shown beside the numbers
+    failed: dict[tuple[str, str], list[FailedRun]] = field(default_factory=dict)
 
 
-def _label(path: Path, run: StudyRun, study: StudySpec) -> str | None:
+def _label(path: Path, run: RunKey, study: StudySpec) -> str | None:
     """The run's method label: the folder `<scenario>/<label>/seed<N>/` the workflow files it under,
     else the summary's `method`. summary.json's `method` may be the registered name, which several
     labels share (rc20_rl20 ... are all feddecomp). None: not one of the study's methods."""
@@ -63,8 +65,9 @@ def _label(path: Path, run: StudyRun, study: StudySpec) -> str | None:
 def load_runs(study: StudySpec, summaries: Sequence[str | Path]) -> StudyRuns:
     """The study's runs among `summaries` (summary.json files or folders searched for them).
 
-    An empty `summaries` means no runs yet. Runs of one study share one evaluation protocol; a mix
-    is refused, as in `fedfactor table`.
+    An empty `summaries` means no runs yet; runs that failed (a failed.json in place of the summary)
+    go to `failed`. Runs of one study share one evaluation protocol; a mix is refused, as in
+    `fedfactor table`.
     """
     out = StudyRuns()
     seen: dict[tuple[str, str, int], Path] = {}
@@ -85,6 +88,11 @@ def load_runs(study: StudySpec, summaries: Sequence[str | Path]) -> StudyRuns:
         out.protocol = out.protocol or run.protocol
         out.synthetic |= run.dataset.startswith(SYNTHETIC_PREFIX)
         out.cells.setdefault((run.scenario, label), []).append(run)
+    for f in dict.fromkeys(p.resolve() for p in find_failed(summaries)):
+        failed = read_summary(f, FailedRun)
+        label = _label(f, failed, study)
+        if label is not None and failed.scenario in study.scenarios:
+            out.failed.setdefault((failed.scenario, label), []).append(failed)
     if len(protocols) > 1:
         raise UsageError("these runs were scored under different evaluation protocols ("
                          + "; ".join("/".join(p) for p in protocols) + "); one study, one protocol")

@@ -61,7 +61,7 @@ CHECK_COLUMNS = ["origin", "id", "mode", "comparison", "unit", "value", "low", "
 VERDICTS = (REPRODUCED, NOT_REPRODUCED, WITHIN_NOISE, NOT_APPLICABLE, NEEDS_PAPER_SCALE, NOT_RUN)
 INTERVAL_HEAD = "quantity per seed: mean, 95 % CI, test"
 COLUMNS = ["smoke_run", "origin", "id", "mode", "kind", "verdict", "claim", "observed", "interval", "condition",
-           "seeds", "seeds_agree", "missing", "source", "note", "scale_note"]
+           "seeds", "seeds_agree", "missing", "source", "note", "scale_note", "failed"]
 
 
 @dataclass(frozen=True)
@@ -212,14 +212,19 @@ class _Reader:
     runs: StudyRuns
     missing: list[str] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # runs of the compared cells that failed, left out
 
     def get(self, side: Side, scenario: str, metric: str) -> Values | None:
         label = side.method
         problem = None
+        for run in self.runs.failed.get((scenario, label), []):
+            text = f"{label} in {scenario}, seed {run.seed}: {run.reason}"
+            if text not in self.failed:
+                self.failed.append(text)
         if not self.study.methods[label].implemented:
             problem = f"{label}: not implemented yet"
         elif not (found := self.runs.cells.get((scenario, label))):
-            problem = f"{label} in {scenario}: no runs"
+            problem = f"{label} in {scenario}: no runs" + (" finished" if (scenario, label) in self.runs.failed else "")
         else:
             scale = 1e-9 if metric == "bytes" else 100.0
             try:
@@ -383,7 +388,7 @@ def evaluate_one(study: StudySpec, runs: StudyRuns, claim, smoke: bool = False, 
         "seeds": min(reader.seeds) if reader.seeds else 0,
         "seeds_agree": f"{agree}/{paired}" if checks else "",
         "missing": "; ".join(reader.missing), "source": claim.source, "note": claim.note or "",
-        "scale_note": claim.scale_note or "",
+        "scale_note": claim.scale_note or "", "failed": "; ".join(reader.failed),
         CHECKS: [_check_row(claim, mode, study, c) for c in checks],
     }
 
@@ -404,7 +409,7 @@ def _deferred_rows(study: StudySpec, smoke: bool) -> list[dict]:
             rows.append({"smoke_run": SMOKE_COLUMN if smoke else "", "origin": d.origin, "id": d.id, "mode": mode,
                          "kind": "", "verdict": NEEDS_PAPER_SCALE, "claim": d.claim, "observed": "", "interval": "",
                          "condition": "", "seeds": 0, "seeds_agree": "", "missing": d.reason, "source": d.source,
-                         "note": d.note or "", "scale_note": ""})
+                         "note": d.note or "", "scale_note": "", "failed": ""})
     return rows
 
 
@@ -423,7 +428,12 @@ def _why(r) -> str:
 
 
 def _notes(r) -> str:
-    return " ".join(x for x in (r.note, r.scale_note and f"At this scale: {r.scale_note}.") if x)
+    return " ".join(x for x in (r.note, r.scale_note and f"At this scale: {r.scale_note}.",
+                                r.failed and f"{FAILED_WORDS}: {r.failed}.") if x)
+
+
+# a failed run has no number: the claim is decided on the seeds every compared run finished
+FAILED_WORDS = "Failed, left out (decided on the seeds whose runs all finished)"
 
 
 def _markdown(title: str, intro: list[str], frame: pd.DataFrame, study: str) -> str:

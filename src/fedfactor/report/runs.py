@@ -64,28 +64,58 @@ class TableRun(RunKey):
     protocol: Annotated[EvalConfig, BeforeValidator(_all_protocol_keys)]
 
 
+FAILED = "failed.json"  # in a run's folder: the run failed, and why (`train-runs` writes it)
+
+
+class FailedRun(RunKey):
+    """A run that failed (diverged, say): what names it and why, from its folder's failed.json. A study
+    that records failed runs (`failed_runs: record`) shows them beside its numbers, not in them."""
+
+    reason: str
+
+
 Run = TypeVar("Run", bound=RunKey)
 
 
+def _failed_instead(path: Path) -> bool:
+    """`path`, a run's summary.json, is absent because the run failed."""
+    return path.name == "summary.json" and not path.exists() and (path.parent / FAILED).is_file()
+
+
 def find_summaries(paths: Sequence[str | Path]) -> list[Path]:
-    """The summary.json files among `paths`; folders are searched recursively."""
+    """The summary.json files among `paths`; folders are searched recursively. A listed summary.json of
+    a run that failed (its folder holds failed.json instead) is left out: find_failed lists it."""
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
             files += sorted(p.rglob("summary.json"))
         elif p.exists():
             files.append(p)
-        else:
+        elif not _failed_instead(p):
             raise UsageError(f"{p} does not exist; pass run folders or their summary.json files")
     if not files:
+        failed = len(find_failed(paths))
         raise UsageError(
             f"no summary.json found in {', '.join(map(str, paths))}; pass folders of finished runs"
+            + (f" ({failed} run(s) there failed: their failed.json says why)" if failed else "")
         )
     return files
 
 
+def find_failed(paths: Sequence[str | Path]) -> list[Path]:
+    """The failed.json of each run among `paths` (as find_summaries takes them) that failed: a folder
+    with failed.json and no summary.json."""
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(f for f in p.rglob(FAILED) if not (f.parent / "summary.json").exists())
+        elif _failed_instead(p):
+            files.append(p.parent / FAILED)
+    return files
+
+
 def read_summary(path: Path, schema: type[Run]) -> Run:
-    """The fields `schema` declares, read from the summary.json at `path` and checked."""
+    """The fields `schema` declares, read from the summary.json (or failed.json) at `path` and checked."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     # ValueError: bad JSON or UTF-8; RecursionError: arrays nested 10**5 deep

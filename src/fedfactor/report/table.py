@@ -12,7 +12,7 @@ import yaml
 from ..errors import UsageError
 from ..io import atomic_write_text
 from .cells import seeds_note, shown_interval, t_interval
-from .runs import TableRun, find_summaries, read_summary
+from .runs import FailedRun, TableRun, find_failed, find_summaries, read_summary
 from .paper import tex_escape
 from .spec import PROTOCOL_WORDS, SMOKE_TITLE
 
@@ -35,6 +35,16 @@ def collect(paths: list[str | Path]) -> pd.DataFrame:
                          + "; ".join("/".join(p) for p in protocols.itertuples(index=False))
                          + "); make one table per protocol")
     return runs
+
+
+def failed_note(paths: list[str | Path]) -> list[str]:
+    """A note naming each run among `paths` that failed (a failed.json in place of its summary): its
+    cell's numbers are over the seeds that finished, and its n says how many."""
+    failed = [read_summary(f, FailedRun) for f in find_failed(paths)]
+    if not failed:
+        return []
+    return ["Failed, not in the numbers (each cell is over the seeds that finished): " + "; ".join(
+        f"{r.scenario}/{r.method} seed {r.seed}: {r.reason}" for r in failed) + "."]
 
 
 def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
@@ -164,13 +174,14 @@ def _words(agg: pd.DataFrame, column: str) -> str:
 
 def write_tables(runs: pd.DataFrame, out_md: str | Path, out_csv: str | Path, title: str = "Results",
                  out_html: str | Path | None = None, out_tex: str | Path | None = None, skipped: dict[str, str] | None = None,
-                 tuned: str | Path | None = None) -> str:
+                 tuned: str | Path | None = None, failed: list[str] = ()) -> str:
     """Markdown, csv (and html, LaTeX); `skipped` (label -> method name) lists methods the study names but
     fedfactor does not implement yet; `tuned`, the chosen-values file of a tuned study, adds the values
-    each cell's runs used for the keys it tuned (the csv's `chosen` column). Runs on synthetic data are
-    flagged in the title and the csv."""
+    each cell's runs used for the keys it tuned (the csv's `chosen` column); `failed`: notes on runs that
+    failed (failed_note). Runs on synthetic data are flagged in the title and the csv."""
     agg = aggregate(runs)
     notes = [f"Not implemented yet, skipped: {', '.join(f'{k} ({v})' for k, v in skipped.items())}."] if skipped else []
+    notes += list(failed)
     chosen = None
     if tuned is not None:
         try:
