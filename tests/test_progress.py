@@ -185,6 +185,13 @@ def test_the_closing_block_names_each_output_the_report_command_mlflow_and_the_w
         "  MLflow:       mlflow ui --backend-store-uri sqlite:///r/mlflow.db  (then http://127.0.0.1:5000)",
         "  warnings:     1 run(s) ended with a warning:",
         "    a/local/seed0: matched nobody"]
+    # a run that failed in a study that records failed runs is named with its reason
+    failed = study / "runs" / "a/local/seed1"
+    (failed / "failed.json").write_text(json.dumps({"scenario": "a", "method": "local", "seed": 1,
+                                                    "reason": "round 9 kept no update"}))
+    assert finished_message(study, table).splitlines()[-2:] == [
+        "  failed:       1 run(s) failed, recorded as results (failed_runs: record):",
+        "    a/local/seed1: round 9 kept no update"]
 
 
 def test_a_dataset_that_could_not_be_prepared_is_named_instead_of_resume(study, tmp_path):

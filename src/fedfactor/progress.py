@@ -206,7 +206,27 @@ def finished_message(study_dir: str | Path, table: str | Path, mlflow_uri: str |
         lines += [f"    {run}: {text}" for run, text in warned[:5]]
         if len(warned) > 5:
             lines.append(f"    ... and {len(warned) - 5} more (each run's summary.json, `warnings`)")
+    failed = _failed(study, [r for r in plan["runs"] if r not in set(done)])
+    if failed:  # failed_runs: record; the tables and claims use the seeds that finished
+        lines.append(f"  {'failed:':13} {len(failed)} run(s) failed, recorded as results (failed_runs: record):")
+        lines += [f"    {run}: {text}" for run, text in failed[:5]]
+        if len(failed) > 5:
+            lines.append(f"    ... and {len(failed) - 5} more (each run's failed.json)")
     return "\n".join(lines)
+
+
+def _failed(study: Path, runs: list[str]) -> list[tuple[str, str]]:
+    """(run, why it failed) of the runs among `runs` whose folder holds failed.json."""
+    from .report.runs import FAILED
+
+    out = []
+    for run in runs:
+        try:
+            reason = json.loads((study / "runs" / run / FAILED).read_text(encoding="utf-8"))["reason"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        out.append((run, _shorten(str(reason))))
+    return out
 
 
 def _warned(study: Path, done: list[str]) -> list[tuple[str, str]]:
