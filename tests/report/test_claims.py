@@ -284,7 +284,7 @@ def test_a_study_without_claims_and_without_runs(tmp_path):
 def test_a_claim_about_an_as_run_method_is_checked_again_with_its_text_variant(runs, tmp_path):
     for seed, acc in enumerate([0.50, 0.52, 0.54]):  # c, a's text variant: mean 52, below b's 62
         _run(runs, "s1", "c", seed, acc)
-    study = _study([_claim("above", kind="order", a="a", b="b", scenarios=["s1"]),
+    study = _study([_claim("above", kind="order", a="a", b="b", scenarios=["s1"], note="Margin ours."),
                     _claim("other", kind="order", a="b", b="local", scenarios=["s1"])],
                    implemented=("a", "b", "c", "local"), text_variants={"a": "c"})
     frame = evaluate_claims(study, [runs / "runs"], tmp_path / "out")
@@ -295,6 +295,7 @@ def test_a_claim_about_an_as_run_method_is_checked_again_with_its_text_variant(r
     assert "c 52.00 vs b 62.00" in rows["above", "text"].observed
     md = (tmp_path / "out" / "claims.md").read_text()
     assert "| above | text | **not reproduced** |" in md and "'text'" in md
+    assert md.count("- above: Margin ours.") == 1  # the note of both modes, once
 
 
 def test_every_kind_of_claim_swaps_its_as_run_labels_for_the_text_variants(runs, tmp_path):

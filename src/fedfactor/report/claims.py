@@ -447,7 +447,8 @@ def _markdown(title: str, intro: list[str], frame: pd.DataFrame, study: str) -> 
         observed = r.observed if not r.missing else "; ".join(x for x in (_why(r), r.observed) if x)
         out.append("| " + " | ".join(_md(x) for x in (_label(r, study), r.mode, f"**{r.verdict}**", r.claim, observed, r.interval,
                                                      r.condition, r.seeds, r.seeds_agree, r.source)) + " |")
-    notes = [f"- {_label(r, study)}: {_md(_notes(r))}" for r in frame.itertuples() if _notes(r)]
+    # a claim's two modes (as run, text) share their note: once
+    notes = list(dict.fromkeys(f"- {_label(r, study)}: {_md(_notes(r))}" for r in frame.itertuples() if _notes(r)))
     if notes:
         out += ["", "Notes:", "", *notes]
     return "\n".join(out) + "\n"
