@@ -193,3 +193,10 @@ def test_the_verdicts_command_writes_the_page(tmp_path, monkeypatch):
     assert f"{PAPER_CLAIMS} claims of 4 papers at CPU scale: 0 reproduced" in printed.getvalue()
     assert f"1 needs paper scale, {PAPER_CLAIMS - 1} not run -> {tmp_path / 'v.md'}" in printed.getvalue()
     assert len(_rows((tmp_path / "v.md").read_text())) == PAPER_CLAIMS
+
+
+def test_a_papers_figure_is_named_after_its_first_name():
+    from fedfactor.verdicts import _slug
+
+    assert _slug("Factorized-FL (000, NeurIPS 2022)") == "factorized_fl"
+    assert _slug("FedFac / FedSplit (001)") == "fedfac"

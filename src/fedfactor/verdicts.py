@@ -193,7 +193,9 @@ def cpu_counts(rows: list[Row]) -> dict[str, int]:
 
 
 def _slug(paper: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in paper.split(" (")[0].lower()).strip("_")
+    """`factorized_fl` of "Factorized-FL (000, ...)"; of "FedFac / FedSplit (001)", its first name."""
+    name = paper.split(" (")[0].split(" / ")[0]
+    return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
 
 
 def figure(rows: list[Row], paper: str, path: Path) -> bool:
