@@ -207,7 +207,7 @@ def figure(rows: list[Row], paper: str, path: Path) -> bool:
         return False
     colours = {"reproduced": "#1a7f37", "not reproduced": "#cf222e", "within noise": "#9a6700"}
     height = 0.22 * len(checks) + 1.2
-    fig, ax = pyplot().subplots(figsize=(9, height))
+    fig, ax = pyplot().subplots(figsize=(10, height), layout="constrained")  # room for the long labels
     span = max(max(abs(c["value"]), abs(c["low"]) if math.isfinite(c["low"]) else 0,
                    abs(c["high"]) if math.isfinite(c["high"]) else 0) for c in checks) * 1.1 + 1
     for y, c in enumerate(reversed(checks)):
@@ -226,7 +226,6 @@ def figure(rows: list[Row], paper: str, path: Path) -> bool:
                   "grey: where the claim needs it", fontsize=7)
     ax.set_title(f"{paper}: claims at CPU scale\ngreen reproduced, red not reproduced, amber within noise",
                  fontsize=8)
-    fig.tight_layout()
     save_figure(fig, path, pdf=False)  # atomically, as every figure of the project
     return True
 
