@@ -248,3 +248,14 @@ def test_checker_names_what_is_missing_stale_or_unexpected(report, built):
     assert any("table.html" in p and "stale" in p for p in check_report(stale, expected, root=built.workdir))
     uncaptioned = Report(report.description, [replace(i, caption="") for i in report.items])
     assert len(check_report(uncaptioned, expected, root=built.workdir)) == len(expected)
+
+
+def test_the_front_page_names_each_methods_chosen_values_beside_it():
+    """A tuned study: the Snakefile hands the chosen values to the template (config's
+    `_chosen_on_validation`, study.smk), and each method's line names them per scenario."""
+    tuned = {**PLAIN, "tuning": {"file": "config/tuned/tiny.yaml"},
+             "_chosen_on_validation": {"fedavg": "iid: lr 0.05", "local": "iid: lr 0.1"}}
+    front = render_caption("workflow.rst", tuned)
+    assert "; chosen on validation: iid: lr 0.05" in front and "; chosen on validation: iid: lr 0.1" in front
+    assert "config/tuned/tiny.yaml" in front
+    assert "chosen on validation:" not in render_caption("workflow.rst", PLAIN)

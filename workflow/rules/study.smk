@@ -103,6 +103,10 @@ try:
             TUNED = tuning.read_chosen(TUNING, SCENARIOS, METHODS, tuned_rounds())
         except UsageError as e:
             UNTUNED = e
+    if TUNED:  # the report's "What this study runs" names them per method (its template sees config alone)
+        config["_chosen_on_validation"] = {
+            m: "; ".join(f"{s}: " + ", ".join(f"{k.removeprefix('fl.')} {v}" for k, v in TUNED[s][m].items())
+                         for s in SCENARIOS if TUNED[s].get(m)) for m in METHODS}
     # The report steps see every scenario and method the study lists: those `select` left out show
     # as "not run" in the paper tables and claims.
     SPEC = study_spec(config, list(config["scenarios"]), LISTED)
