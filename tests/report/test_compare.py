@@ -158,6 +158,10 @@ def test_the_outputs_are_the_three_files_and_the_figure_is_a_png(sets, tmp_path)
     compare_runs([sets[0]], tmp_path / "out", against=[sets[1]])
     assert sorted(os.listdir(tmp_path / "out")) == ["compare.csv", "compare.md", "compare.png"]  # no temporaries
     assert (tmp_path / "out" / "compare.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    # the sides as given; the workflow's summary.json of every run, as their count and folder
+    assert f"A: {sets[0]}; B: {sets[1]}." in (tmp_path / "out" / "compare.md").read_text()
+    compare_runs(sorted(sets[0].rglob("summary.json")), tmp_path / "listed", against=[sets[1]])
+    assert f"A: 9 runs under {sets[0]}; B: {sets[1]}." in (tmp_path / "listed" / "compare.md").read_text()
 
 
 def test_runs_on_synthetic_data_are_flagged(tmp_path):

@@ -19,6 +19,7 @@ and is decided on its value, `same` when it is 0. A cell one side lacks is liste
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -191,10 +192,10 @@ def compare_runs(a_paths: Sequence[str | Path], out_dir: str | Path, *, against:
         f"{'Accuracy' if metric == 'accuracy' else 'Bytes sent'}: {name_a} vs {name_b}"
     if pair is not None:
         named = [m if m == n else f"{m} ({n})" for m, n in zip(pair, (name_a, name_b))]
-        sides = f"A: {named[0]}; B: {named[1]}; each scenario of the runs in {', '.join(map(str, a_paths))}."
+        sides = f"A: {named[0]}; B: {named[1]}; each scenario of the runs in {_where(a_paths)}."
     else:
-        sides = (f"A{'' if name_a == 'A' else ' = ' + name_a}: {', '.join(map(str, a_paths))}; "
-                 f"B{'' if name_b == 'B' else ' = ' + name_b}: {', '.join(map(str, against or ()))}.")
+        sides = (f"A{'' if name_a == 'A' else ' = ' + name_a}: {_where(a_paths)}; "
+                 f"B{'' if name_b == 'B' else ' = ' + name_b}: {_where(against or ())}.")
     protocol = f" Accuracy as reported: {protocol_words(a.protocol)}." if metric == "accuracy" else ""
     intro = [sides + protocol, _test_line(metric)]
     out = Path(out_dir)
@@ -237,6 +238,14 @@ def _seeds(r) -> str:
     if r.n_paired >= 2:
         return f"{r.n_paired} paired" + ("" if r.n_a == r.n_b == r.n_paired else f" ({r.n_a} vs {r.n_b} runs)")
     return f"{r.n_a} vs {r.n_b}, {r.n_paired} shared"  # too few to pair
+
+
+def _where(paths: Sequence[str | Path]) -> str:
+    """The runs as given, or, for more than three (the workflow passes every summary.json), how many
+    and the folder that holds them all."""
+    if len(paths) <= 3:
+        return ", ".join(map(str, paths))
+    return f"{len(paths)} runs under {os.path.commonpath([str(p) for p in paths])}"
 
 
 def _markdown(full: pd.DataFrame, title: str, intro: list[str], unit: str, name_a: str, name_b: str) -> str:
