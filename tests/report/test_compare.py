@@ -162,6 +162,11 @@ def test_the_outputs_are_the_three_files_and_the_figure_is_a_png(sets, tmp_path)
     assert f"A: {sets[0]}; B: {sets[1]}." in (tmp_path / "out" / "compare.md").read_text()
     compare_runs(sorted(sets[0].rglob("summary.json")), tmp_path / "listed", against=[sets[1]])
     assert f"A: 9 runs under {sets[0]}; B: {sets[1]}." in (tmp_path / "listed" / "compare.md").read_text()
+    # a relative path among absolute ones (as a user may type them) still names one folder
+    mixed = sorted(sets[0].rglob("summary.json"))
+    mixed[0] = os.path.relpath(mixed[0])
+    compare_runs(mixed, tmp_path / "mixed", against=[sets[1]])
+    assert f"A: 9 runs under {sets[0]}; B: {sets[1]}." in (tmp_path / "mixed" / "compare.md").read_text()
 
 
 def test_runs_on_synthetic_data_are_flagged(tmp_path):

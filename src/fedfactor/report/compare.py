@@ -245,7 +245,11 @@ def _where(paths: Sequence[str | Path]) -> str:
     and the folder that holds them all."""
     if len(paths) <= 3:
         return ", ".join(map(str, paths))
-    return f"{len(paths)} runs under {os.path.commonpath([str(p) for p in paths])}"
+    try:
+        folder = os.path.commonpath([str(p) for p in paths])
+    except ValueError:  # relative and absolute paths mixed: their common folder, absolute
+        folder = os.path.commonpath([os.path.abspath(p) for p in paths])
+    return f"{len(paths)} runs under {folder}"
 
 
 def _markdown(full: pd.DataFrame, title: str, intro: list[str], unit: str, name_a: str, name_b: str) -> str:
