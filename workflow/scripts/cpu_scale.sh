@@ -18,8 +18,23 @@ for paper in "${papers[@]}"; do
   fi
   files+=("${found[@]}")
 done
+# Each study's and each paper's time is printed at the end: the 45-minute aim a paper is checked on it.
+declare -A paper_seconds
+times=()
 for f in "${files[@]}"; do
   echo "cpu_scale.sh: $f ($(date '+%H:%M:%S'))"
+  start=$SECONDS
   snakemake --cores "${CORES:-all}" --configfile "$f"
+  took=$((SECONDS - start))
+  times+=("$(printf '  %-44s %4d min %02d s' "$f" $((took / 60)) $((took % 60)))")
+  for paper in "${papers[@]}"; do
+    [[ $(basename "$f") == "$paper"* ]] && paper_seconds[$paper]=$(( ${paper_seconds[$paper]:-0} + took ))
+  done
 done
 fedfactor verdicts
+echo "cpu_scale.sh: times on ${CORES:-all} cores"
+printf '%s\n' "${times[@]}"
+for paper in "${papers[@]}"; do
+  s=${paper_seconds[$paper]:-0}
+  printf '  %-44s %4d min %02d s\n' "paper $paper" $((s / 60)) $((s % 60))
+done
