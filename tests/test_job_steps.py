@@ -2,8 +2,10 @@
 checkpoint falls due, what a round leaves behind, the warnings a degenerate run ends with, and the
 checkpoint file read back and checked against its run before a resume."""
 
+import json
 import pickle
 import re
+import signal
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,10 +15,11 @@ import torch
 
 import fedfactor.job as job
 from fedfactor.config import load_config
-from fedfactor.errors import UsageError
+from fedfactor.errors import Interrupted, UsageError
+from fedfactor.methods.fedamp import FedAMP
 from fedfactor.records import RoundRecord, Scores
 from fedfactor.simulator import Simulator
-from fedfactor.fl.train import Split
+from fedfactor.fl.train import Split, Trainer
 from fedfactor.summary import summarize
 
 from .conftest import TINY
@@ -225,3 +228,77 @@ def test_a_plain_pickle_is_refused_in_one_line_and_torchs_warnings_stay_unshown(
     with pytest.raises(UsageError, match=r"cannot be resumed \(not a checkpoint of tensors and plain data"):
         job.load_checkpoint(path, torch.device("cpu"))
     assert [str(w.message) for w in recwarn] == []
+
+
+# A stop signal in each phase of a run: training stops at its next step (tests/test_job.py), and the
+# phases in between stop at once, from the signal's handler, not after the phase. Scoring a round
+# leaves no checkpoint (its training is committed, its scores are not), so the run goes back to the
+# last one; aggregation and the new clients' scoring leave the checkpoint of the last completed round.
+STOP_PHASES = {
+    # phase: (extra settings, the call the signal arrives in, its n-th call, the round the rerun resumes after)
+    "scoring": (["checkpoint.every=1"], (Trainer, "evaluate"), "round 2", 1),
+    "aggregation": (["method.name=fedamp", "checkpoint.every=0"], (FedAMP, "aggregate"), "round 2", 1),
+    "new clients": (["eval.new_clients=0.25", "checkpoint.every=0"], (Trainer, "evaluate"), "after the rounds", 3),
+}
+TIMED = {"wall_seconds", "resumed_after_rounds"}  # what a stop may change
+# few samples and a narrow CNN: each case trains three times
+SMALL = ["partition.kind=dirichlet_fixed", "partition.alpha=100", "partition.samples_per_client.train=32",
+         "partition.samples_per_client.val=8", "partition.samples_per_client.test=16", "model.width_multiplier=0.25"]
+
+
+def _summary_and_metrics(out):
+    summary = json.loads((out / "summary.json").read_text())
+    metrics = pd.read_csv(out / "metrics.csv")
+    return ({k: v for k, v in summary.items() if k not in TIMED},
+            metrics.drop(columns=[c for c in metrics if c.endswith("seconds")]))
+
+
+@pytest.mark.parametrize("phase", STOP_PHASES)
+def test_a_stop_signal_ends_each_phase_at_once_and_a_rerun_resumes_to_the_uninterrupted_result(
+        tmp_path, monkeypatch, phase):
+    sets, (owner, name), when, resumes_after = STOP_PHASES[phase]
+    cfg = lambda: load_config(None, [*TINY, *SMALL, "fl.rounds=3", "checkpoint.minutes=0", *sets])  # noqa: E731
+    calls = {"n": 0, "rounds": [], "after_signal": 0}
+    original = getattr(owner, name)
+
+    def counted(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == calls.get("stop_at"):
+            signal.raise_signal(signal.SIGTERM)
+            calls["after_signal"] += 1  # the handler raised: never reached
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    monkeypatch.setattr(job, "_RoundOutputs", _counting_rounds(calls))
+    job.train(cfg(), tmp_path / "whole")
+    per_round = calls["rounds"]  # the calls made by the end of each round
+    calls.update(n=0, rounds=[], stop_at=per_round[1] if when == "round 2" else per_round[-1] + 1)
+    with pytest.raises(Interrupted):
+        job.train(cfg(), tmp_path / "stopped")
+    assert calls["after_signal"] == 0 and calls["n"] == calls["stop_at"]  # nothing ran on after the signal
+    assert not (tmp_path / "stopped" / "summary.json").exists()
+    saved = torch.load(tmp_path / "stopped" / job.CHECKPOINT, weights_only=True)
+    assert saved["simulator"]["round"] == resumes_after
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    calls["stop_at"] = None
+    summary = job.train(cfg(), tmp_path / "stopped")
+    assert summary["resumed_after_rounds"] == [resumes_after]
+    expected, resumed = _summary_and_metrics(tmp_path / "whole"), _summary_and_metrics(tmp_path / "stopped")
+    assert resumed[0] == expected[0]
+    pd.testing.assert_frame_equal(resumed[1], expected[1])
+
+
+def _counting_rounds(calls):
+    """job._RoundOutputs that also notes how many calls were made by the end of each round."""
+    class Counting(job._RoundOutputs):
+        def __call__(self, rec):
+            calls["rounds"].append(calls["n"])
+            super().__call__(rec)
+    return Counting
+
+
+def test_no_checkpoint_is_taken_of_a_round_trained_and_not_yet_scored():
+    sim = Simulator(load_config(None, TINY))
+    sim.scoring_round = 1
+    with pytest.raises(RuntimeError, match="round 1 is trained and not yet scored"):
+        sim.state_dict()

@@ -1,3 +1,3 @@
 """fedfactor: personalized federated learning with parameter factorization and decomposition."""
 
-__version__ = "0.1.0"
+__version__ = "0.3.0"

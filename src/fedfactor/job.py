@@ -151,8 +151,9 @@ def _weight_tensors(obj: Any, names: set[str]) -> Iterator[torch.Tensor]:
 
 @contextlib.contextmanager
 def stop_signals(sim: Simulator, hold_after: Path | None = None) -> Iterator[None]:
-    """SIGTERM (timeout, SLURM preemption) and SIGINT (Ctrl-C) stop the loop at its next training
-    step; the job then checkpoints the last completed round instead of dying mid-write. With
+    """SIGTERM (timeout, SLURM preemption) and SIGINT (Ctrl-C) stop the run at once in a phase that
+    can be discarded (training, aggregation, scoring: `Simulator.stoppable`), else at the start of the
+    next one; the job then checkpoints the last completed round instead of dying mid-write. With
     `hold_after` (a summary.json), once that file is complete the signals stay ignored instead of
     going back to the caller's handlers: the process (`fedfactor train`, a job's last run) is done,
     and a late signal must not turn it into exit 143, which Snakemake and SLURM read as failed."""
@@ -162,9 +163,12 @@ def stop_signals(sim: Simulator, hold_after: Path | None = None) -> Iterator[Non
 
     def handler(signum, frame) -> None:
         if sim.stop_signal is None:
-            log.warning("%s received: stopping at the next training step and checkpointing the last completed "
-                        "round", signal.Signals(signum).name)
+            log.warning("%s received: stopping and checkpointing the last completed round",
+                        signal.Signals(signum).name)
         sim.stop_signal = signum
+        if sim.stoppable:  # raised where the main thread is: the phase's work is discarded
+            sim.stoppable = False
+            raise Interrupted(signum)
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -320,16 +324,15 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
         atomic_write_text(out / "metrics.csv", pd.DataFrame(rows).to_csv(index=False))
     try:
         sim.run(_RoundOutputs(cfg, out, rows, tracker, checkpoints, run_name))
+        summary = _summarise(cfg, out, sim, resumed, tracker, environment, run_name)
     except Interrupted as e:
-        checkpoints.save()
         tracker.end("KILLED")
-        log.warning("%s stopped by %s after round %d of %d; checkpoint written: run the same command again "
-                    "to resume", run_name, signal.Signals(e.signum).name, sim.round, cfg.fl.rounds)
+        log.warning("%s stopped by %s after round %d of %d; %s", run_name, signal.Signals(e.signum).name,
+                    sim.round, cfg.fl.rounds, checkpoints.on_stop())
         raise
     except BaseException:
         tracker.end("FAILED")
         raise
-    summary = _summarise(cfg, out, sim, resumed, tracker, environment, run_name)
     # summary.json is the job's completion marker: written last, atomically.
     atomic_write_json(out / "summary.json", summary)
     _finish_tracking(cfg, out, summary, tracker, run_name)
@@ -382,6 +385,18 @@ class _Checkpoints:
         self.tracker, self.run_name = tracker, run_name
         self.path = out / CHECKPOINT
         self.last_at, self.took = _clock(), 0.0  # when the last checkpoint was written, and its seconds
+        self.round = resumed[-1] if resumed else None  # the round the checkpoint on disk holds
+
+    def on_stop(self) -> str:
+        """At a stop signal: the checkpoint of the last completed round, unless a round's training is
+        committed and its scoring was stopped (`Simulator.scoring_round`); what the log says of it."""
+        if self.sim.scoring_round is None:
+            self.save()
+            return "checkpoint written: run the same command again to resume"
+        kept = (f"the checkpoint of round {self.round} stays" if self.round is not None and self.path.exists()
+                else "there is none yet, so it starts over")
+        return (f"stopped while scoring round {self.sim.scoring_round}, no checkpoint written (its training is "
+                f"done and its scores are not): {kept}; run the same command again to resume")
 
     def due(self, rnd: int) -> bool:
         ck, since = self.cfg, _clock() - self.last_at
@@ -402,7 +417,7 @@ class _Checkpoints:
         with atomic_open(self.path) as f:
             torch.save({"version": CHECKPOINT_VERSION, "fingerprint": self.fp, "simulator": self.sim.state_dict(),
                         "resumed": self.resumed, "mlflow_run_id": self.tracker.run_id}, f)
-        self.last_at = _clock()
+        self.last_at, self.round = _clock(), self.sim.round
         self.took = self.last_at - start
         log.info("%s checkpoint of round %d written: %.1f MB in %.1f s", self.run_name, self.sim.round,
                  self.path.stat().st_size / 1e6, self.took)
@@ -458,7 +473,8 @@ def _summarise(cfg: Config, out: Path, sim: Simulator, resumed: list[int], track
     weights kept for the diagnostics, the warnings, bytes and versions."""
     new_clients = None
     if sim.newcomers:
-        scored = sim.evaluate_new_clients()
+        with sim.stoppable_phase():  # stopped, the checkpoint of the last round is written: a rerun scores again
+            scored = sim.evaluate_new_clients()
         new_clients = {"clients": sim.newcomers, "strategies": {
             name: {"accuracy_mean": sc.mean, "accuracy_weighted": sc.weighted, "per_client": sc.per_client.tolist()}
             for name, sc in scored.items()}}

@@ -9,6 +9,7 @@ clients.py; what each round records, from records.py.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import re
@@ -110,6 +111,14 @@ class Simulator:
         # Set (from a signal handler) to the number of a stop signal; the loop stops at the next
         # training step with the last completed round intact.
         self.stop_signal: int | None = None
+        # True while a phase runs that a stop signal ends at once (job.stop_signals raises Interrupted
+        # from its handler): a round's training and aggregation, the scoring, the new clients' scoring.
+        # Their work is discarded on a stop; the commits and writes between them run outside, and a
+        # signal that arrives during one ends the next phase at its start.
+        self.stoppable = False
+        # The round whose training is committed and whose scores are not yet recorded: a checkpoint
+        # written then would resume that round's states as the round before's, so none is.
+        self.scoring_round: int | None = None
         self._generators: dict[int, torch.Generator] = {}
         self._training = False  # inside a method's local_train: its batches stop on a stop signal
         self._scalars: dict[str, float] = {}
@@ -251,6 +260,17 @@ class Simulator:
         if self.stop_signal is not None:
             raise Interrupted(self.stop_signal)
 
+    @contextlib.contextmanager
+    def stoppable_phase(self) -> Iterator[None]:
+        """A phase a stop signal ends at once (`stoppable`), within seconds at paper scale, where a
+        check at each training step alone left scoring 20 clients running for 45 s after SIGTERM."""
+        self.stoppable = True
+        try:
+            self._check_interrupt()  # after the flag: a signal between the two still stops the phase
+            yield
+        finally:
+            self.stoppable = False
+
     def _local_training(self, sampled: list[int]) -> Iterator[tuple[int, State, tuple[State, float] | Diverged | None]]:
         """Each sampled client's download, receive and local training, as (k, received state,
         (trained state, loss) | Diverged | None on a dry run), in client order.
@@ -333,33 +353,34 @@ class Simulator:
         drop = self.dropped_when_trained()
         losses, skipped = [], []
         try:
-            for k, state, result in self._local_training(self.sample(rnd)):
-                if isinstance(result, Diverged):
-                    if self.cfg.fl.on_divergence == "stop":
-                        raise RunFailed(f"round {rnd}, client {k}: {result}; lower fl.lr, or set "
-                                        "fl.on_divergence=skip to drop such updates and go on") from None
-                    skipped.append(k)
-                    continue
-                if result is not None:
-                    state, loss = result
-                    losses.append(loss)
-                upload = self.meter.upload(self.method.upload(k, state))
-                weights[k] = float(self.ctx.train_sizes[k])
-                if self._stream:
-                    if upload:
-                        total.add(upload, weights[k])
-                else:
-                    uploads[k] = upload
-                gone = drop - self._kept_for_diagnostics.get(k, set())
-                trained[k] = {key: t for key, t in state.items() if key not in gone} if gone else state
-            if skipped and not trained:
-                # Nothing reached the server: the run would go on, and end "successfully", with the
-                # model it had; an untrained model's accuracy must not pass for a result.
-                raise RunFailed(f"round {rnd} kept no update: the training loss of every client it trained "
-                                f"({', '.join(map(str, skipped[:10]))}{', ...' if len(skipped) > 10 else ''}) "
-                                "diverged (fl.on_divergence=skip); lower fl.lr")
-            server = (self.method.set_global(self.server, total) if self._stream
-                      else self.method.aggregate(self.server, uploads, weights))
+            with self.stoppable_phase():
+                for k, state, result in self._local_training(self.sample(rnd)):
+                    if isinstance(result, Diverged):
+                        if self.cfg.fl.on_divergence == "stop":
+                            raise RunFailed(f"round {rnd}, client {k}: {result}; lower fl.lr, or set "
+                                            "fl.on_divergence=skip to drop such updates and go on") from None
+                        skipped.append(k)
+                        continue
+                    if result is not None:
+                        state, loss = result
+                        losses.append(loss)
+                    upload = self.meter.upload(self.method.upload(k, state))
+                    weights[k] = float(self.ctx.train_sizes[k])
+                    if self._stream:
+                        if upload:
+                            total.add(upload, weights[k])
+                    else:
+                        uploads[k] = upload
+                    gone = drop - self._kept_for_diagnostics.get(k, set())
+                    trained[k] = {key: t for key, t in state.items() if key not in gone} if gone else state
+                if skipped and not trained:
+                    # Nothing reached the server: the run would go on, and end "successfully", with the
+                    # model it had; an untrained model's accuracy must not pass for a result.
+                    raise RunFailed(f"round {rnd} kept no update: the training loss of every client it trained "
+                                    f"({', '.join(map(str, skipped[:10]))}{', ...' if len(skipped) > 10 else ''}) "
+                                    "diverged (fl.on_divergence=skip); lower fl.lr")
+                server = (self.method.set_global(self.server, total) if self._stream
+                          else self.method.aggregate(self.server, uploads, weights))
         except BaseException:
             self.meter.discard_round()
             raise
@@ -440,16 +461,18 @@ class Simulator:
                    initial=self.round, total=R, disable=not sys.stderr.isatty(), leave=False)
         for rnd in bar:
             loss, skipped = self.run_round(rnd)
+            self.scoring_round = rnd
             scored = {}
             if rnd % self.cfg.fl.eval_every == 0 or rnd == R:
-                scored = self.evaluate(("test", "val") if has_val else ("test",))
+                with self.stoppable_phase():
+                    scored = self.evaluate(("test", "val") if has_val else ("test",))
             test, val = scored.get("test"), scored.get("val")
             up, down = self.meter.history[-1]
             rec = RoundRecord(rnd, float(loss), self.meter.up, self.meter.down, up, down,
                               time.perf_counter() - start, test, val, dict(self._scalars), dict(self._arrays),
                               skipped, loss.terms)
             self.records.append(rec)
-            self.round = rnd
+            self.round, self.scoring_round = rnd, None
             if test is not None:
                 bar.set_postfix(acc=f"{test.mean:.3f}")
             if on_round is not None:
@@ -463,6 +486,9 @@ class Simulator:
         Per-round random streams are derived from (seed, round, client), so they need no saving; the
         global ones are saved for any code that draws from them.
         """
+        if self.scoring_round is not None:
+            raise RuntimeError(f"round {self.scoring_round} is trained and not yet scored: a checkpoint now "
+                               f"would resume its states as round {self.round}'s")
         np_state = np.random.get_state()
         return {
             "round": self.round,
