@@ -31,7 +31,7 @@ from typing import Any
 
 # The fixed order of a run of all benchmarks. `overhead` and `batched` are written separately; a module
 # that does not exist yet is skipped with a note.
-ORDER = ["overhead", "batched", "methods", "clients", "memory", "startup", "gpu"]
+ORDER = ["overhead", "batched", "methods", "clients", "memory", "startup", "plan", "gpu"]
 HERE = Path(__file__).resolve().parent
 _COMPARE = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
 

@@ -39,12 +39,13 @@ class Bug:
 
 BUGS = [
     Bug("scored before the round's local training", "simulator.py",
-        "            loss, skipped = self.run_round(rnd)\n            scored = {}\n"
-        "            if rnd % self.cfg.fl.eval_every == 0 or rnd == R:\n"
-        "                scored = self.evaluate((\"test\", \"val\") if has_val else (\"test\",))\n",
+        "            loss, skipped = self.run_round(rnd)\n            self.scoring_round = rnd\n            scored = {}\n"
+        "            if rnd % self.cfg.fl.eval_every == 0 or rnd == R:\n                with self.stoppable_phase():\n"
+        "                    scored = self.evaluate((\"test\", \"val\") if has_val else (\"test\",))\n",
         "            scored = {}\n            if rnd % self.cfg.fl.eval_every == 0 or rnd == R:\n"
-        "                scored = self.evaluate((\"test\", \"val\") if has_val else (\"test\",))\n"
-        "            loss, skipped = self.run_round(rnd)\n"),
+        "                with self.stoppable_phase():\n"
+        "                    scored = self.evaluate((\"test\", \"val\") if has_val else (\"test\",))\n"
+        "            loss, skipped = self.run_round(rnd)\n            self.scoring_round = rnd\n"),
     Bug("resume does not restore torch's random state", "simulator.py",
         'torch.set_rng_state(rng["torch"])', 'rng["torch"]'),
     Bug("resume one round off", "simulator.py",

@@ -73,6 +73,64 @@ def test_local_steps_follow_rounds_clients_epochs_and_batches():
     assert plan.local_steps(cfg, facts) == 20 * 10 * 2 * 5
 
 
+def test_scored_samples_count_every_evaluated_round_and_each_clients_val_and_test():
+    facts = plan.DATASET_FACTS["digits"]
+    fixed = ["partition.kind=dirichlet_fixed", "partition.samples_per_client.val=20",
+             "partition.samples_per_client.test=30", "fl.clients=10", "fl.rounds=10", "eval.test_pool=client"]
+    assert plan.scored_samples(_cfg(*fixed, "fl.eval_every=1"), facts) == 10 * 10 * (20 + 30)
+    # every 3rd round and the last: rounds 3, 6, 9, 10
+    assert plan.scored_samples(_cfg(*fixed, "fl.eval_every=3"), facts) == 4 * 10 * (20 + 30)
+    # held-out clients are not scored each round; under a shared pool each client scores the pooled test split
+    pooled = _cfg("fl.clients=4", "fl.rounds=1", "data.split=[0.6,0.2,0.2]", "eval.test_pool=client")
+    assert plan.scored_samples(pooled, facts) == int(1797 * 0.2 + 1797 * 0.2)
+    shared = _cfg("fl.clients=4", "fl.rounds=1", "data.split=[0.6,0.2,0.2]", "eval.test_pool=shared")
+    assert plan.scored_samples(shared, facts) == int(1797 * 0.2 + 4 * 1797 * 0.2)
+
+
+def _timed_group(steps, scored, cost, runs=2):
+    m = plan.Measured(1, 1, 1, 1, 1, 1, 0, "measured", cost)
+    return plan.Group("k", ["s/m"], "final", runs, steps, "digits", "cnn", "fedavg", 4, 16, 1, 1, 1, m,
+                      ("cnn", (1, 8, 8), 16), scored=scored)
+
+
+def test_group_hours_are_steps_and_scoring_timed_on_a_cpu_and_estimated_from_flops_on_a_gpu(monkeypatch):
+    cost = plan.StepCost(step_seconds=0.5, score_seconds=0.01, step_flops=10**12, score_flops=10**9)
+    g = _timed_group(steps=7200, scored=36000, cost=cost)
+    assert plan.group_hours(g, "cpu") == pytest.approx(((7200 * 0.5 + 36000 * 0.01) / 3600, True))
+    _, peak, share = plan.GPU_ESTIMATE
+    hours, measured = plan.group_hours(g, "gpu")
+    assert not measured and hours == pytest.approx((7200 * 10**12 + 36000 * 10**9) / (share * peak) / 3600)
+    # a GPU step timed by `python -m benchmarks gpu` makes the hours measured
+    monkeypatch.setitem(plan.STEP_SECONDS, ("gpu", "cnn", (1, 8, 8), 16), (0.002, "test"))
+    hours, measured = plan.group_hours(g, "gpu")
+    assert measured and hours == pytest.approx((7200 * 0.002 + 36000 * 10**9 / (share * peak)) / 3600)
+
+
+def test_the_runtime_check_names_what_to_set_for_the_longest_run():
+    cost = plan.StepCost(step_seconds=1.0, score_seconds=0.0, step_flops=1, score_flops=0)
+    p = plan.StudyPlan("s", ["s.yaml"], groups=[_timed_group(steps=2 * 3600 * 10, scored=0, cost=cost, runs=2),
+                                                _timed_group(steps=3600, scored=0, cost=cost, runs=1)])
+    node = lambda runtime, attempts: plan.Node(None, 0, "test", runtime=runtime, attempts=attempts)  # noqa: E731
+    # the longest run takes 10 h on one CPU thread: 4 attempts of 150 minutes are enough, of 149 not
+    assert plan.runtime_problem(p, node(150, 4)) == ""
+    assert plan.runtime_problem(p, node(149, 4)) == (
+        "its longest run takes 10.0 h on one CPU thread, over 4 attempts of runtime 149 min: set train:runtime to "
+        "at least 150 (or raise retries)")
+    assert plan.runtime_problem(p, plan.Node(None, 0, "test")) == ""  # no runtime requested: nothing to say
+
+
+def test_a_step_is_timed_through_the_trainer_and_its_flops_grow_with_the_batch():
+    from fedfactor.models import build_model
+
+    with torch.device("meta"):
+        net = build_model("cnn", 1, 8, 8, 10)
+    small, large = (plan.step_cost(net, (1, 8, 8), False, _cfg("model.name=cnn", f"fl.batch_size={b}"), "none")
+                    for b in (8, 32))
+    assert small.step_seconds > 0 and small.score_seconds > 0
+    assert large.step_flops == pytest.approx(4 * small.step_flops, rel=0.01)
+    assert small.score_flops == large.score_flops > 0  # a sample's, whatever the training batch
+
+
 def test_study_runs_groups_and_flags_what_cannot_fit(tmp_path):
     path = _study(tmp_path)
     p = plan.plan_study([path], lambda config: plan.Node(100 * 10**6, 0, "test"))
@@ -100,10 +158,55 @@ def test_check_run_memory_refuses_a_run_that_cannot_fit(tmp_path):
     plan.check_run_memory(config, DIGITS, runs, settings())  # nothing requested: nothing to check
 
 
+def test_check_run_memory_refuses_gpu_memory_and_disk_each_in_one_line():
+    config = {"study": "tiny_plan", "gpus_per_job": 1}
+    runs = [("scenario 'iid', method 'fedavg'", ["model.name=cnn", "fl.clients=10", "method.name=fedavg"])]
+    settings = lambda **train: SimpleNamespace(overwrite_resources={"train": train}, default_resources=None)  # noqa: E731
+    group = plan._group(plan._run_config(DIGITS, runs[0][1]), plan.dataset_facts("digits", "data"), "k", "run")
+    assert group.disk == 2 * group.memory.checkpoint + group.memory.kept > 10**6
+    cases = [({"gpu": 1, "gpu_mem_mb": 1}, r"needs .* of GPU memory, the GPU has 1\.0 MiB \(gpu_mem_mb"),
+             ({"disk_mb": 1}, r"needs .* of disk \(its checkpoint, .*, twice while a new one is written\), the "
+              r"train rule requests 1\.0 MiB \(disk_mb\)")]
+    for train, says in cases:
+        with pytest.raises(UsageError, match=r"^study tiny_plan: scenario 'iid', method 'fedavg' " + says) as e:
+            plan.check_run_memory(config, DIGITS, runs, settings(**train))
+        assert "\n" not in str(e.value)
+    # the need itself decides: just above it fits, just below it does not
+    at = {"gpu_mem_mb": -(-group.device // 10**6), "disk_mb": -(-group.disk // 10**6)}
+    plan.check_run_memory(config, DIGITS, runs, settings(gpu=1, **at))
+    with pytest.raises(UsageError, match="of disk"):
+        plan.check_run_memory(config, DIGITS, runs, settings(gpu=1, gpu_mem_mb=at["gpu_mem_mb"],
+                                                             disk_mb=group.disk // 10**6 - 1))
+    # GPU memory is checked for a run on a GPU only
+    plan.check_run_memory({**config, "gpus_per_job": 0}, DIGITS, runs, settings(gpu=0, gpu_mem_mb=1))
+
+
+def test_a_resource_snakemake_evaluates_per_job_is_not_a_request():
+    from snakemake.resources import Resource
+
+    per_job = Resource("disk_mb", lambda wildcards, input: 1000)  # Snakemake's default disk_mb is one
+    settings = SimpleNamespace(overwrite_resources={"train": {"mem_mb": Resource("mem_mb", 8000)}},
+                               default_resources={"disk_mb": per_job, "gpu_mem_mb": 40000})
+    assert plan.requested_resource(settings, "train", "disk_mb") is None
+    assert plan.requested_resource(settings, "train", "mem_mb") == 8000
+    assert plan.requested_resource(settings, "train", "gpu_mem_mb") == 40000
+
+
+def test_profile_node_reads_gpu_memory_and_disk(tmp_path):
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(
+        {"default-resources": {"disk_mb": 5000}, "set-resources": {"train": {"gpu": 1, "gpu_mem_mb": 40000}}}))
+    node = plan.profile_node(tmp_path, 0)
+    assert (node.gpus, node.device_memory, node.disk, node.memory) == (1, 40000 * 10**6, 5000 * 10**6, None)
+    assert plan.profile_node(tmp_path, 0, device_memory=7).device_memory == 7  # --gpu-memory-gib wins
+
+
 def test_profile_node_reads_the_train_rule():
     node = plan.profile_node(REPO / "profiles" / "slurm", 0)
-    slurm = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())["set-resources"]["train"]
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    slurm = profile["set-resources"]["train"]
     assert node.memory == slurm["mem_mb"] * 10**6 and node.gpus == slurm["gpu"]
+    assert node.device_memory == slurm["gpu_mem_mb"] * 10**6
+    assert (node.runtime, node.attempts) == (slurm["runtime"], profile["retries"] + 1)
     assert plan.profile_node(None, 1).memory is None
 
 
@@ -118,6 +221,26 @@ def test_run_count_equals_the_train_runs_snakemake_plans(tmp_path):
     assert planned == plan.summary(plan.plan_study([path]))["runs"] == 12
 
 
+@pytest.mark.slow
+def test_the_dry_run_under_the_slurm_profile_refuses_a_run_over_the_gpu_memory_in_one_line(tmp_path):
+    """The profile as users start it (Snakemake's own default disk_mb, an expression, included): the
+    tiny study fits its 40,000 MB GPU; declared 1 MB, the build ends before any job, naming the run."""
+    path = _study(tmp_path)
+    base = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-n",
+            "--workflow-profile", str(REPO / "profiles" / "slurm"), "--configfile", path]
+    fits = subprocess.run(base, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert fits.returncode == 0, fits.stderr[-3000:]
+    train = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())["set-resources"]["train"]
+    small = {**train, "gpu_mem_mb": 1}  # --set-resources replaces the rule's whole list
+    refused = subprocess.run([*base, "--set-resources", *(f"train:{k}={v}" for k, v in small.items())],
+                             cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0
+    lines = [line for line in (refused.stdout + refused.stderr).splitlines() if "of GPU memory" in line]
+    assert len(lines) == 1 and re.search(r"study tiny_plan: .* needs .* of GPU memory, the GPU has 1\.0 MiB "
+                                         r"\(gpu_mem_mb", lines[0]), refused.stderr[-3000:]
+    assert not (tmp_path / "results").exists()  # nothing written
+
+
 # Studies whose rows in docs/plan.md are checked against the command's (seconds each); the paper
 # studies take minutes together (`fedfactor plan --all`)
 CHEAP = ["config/config.yaml", "config/studies/feddecomp_elora_digits.yaml", "config/studies/fedfac_simulation.yaml"]
@@ -126,13 +249,15 @@ CHEAP = ["config/config.yaml", "config/studies/feddecomp_elora_digits.yaml", "co
 def test_docs_table_matches_the_command():
     text = (REPO / "docs" / "plan.md").read_text()
     node = lambda config: plan.profile_node(REPO / "profiles" / "slurm", config.get("gpus_per_job", 0))  # noqa: E731
+    split = lambda line: [c.strip() for c in line.strip("|").split("|")]  # noqa: E731
     for path in CHEAP:
         p = plan.plan_study([str(REPO / path)], node)
-        row = plan.summary_table([p]).splitlines()[2]
-        cells = [c.strip() for c in row.strip("|").split("|")]
+        header, _, row = plan.summary_table([p]).splitlines()
+        # the hours are timed at plan time, on the machine that plans: they vary from run to run
+        kept = [i for i, name in enumerate(split(header)) if name not in ("CPU-h (1 thread)", "GPU-h")]
         documented = [line for line in text.splitlines() if line.startswith(f"| {p.study} ")]
         assert documented, f"docs/plan.md has no row for {p.study}"
-        assert [c.strip() for c in documented[0].strip("|").split("|")] == cells, p.study
+        assert [split(documented[0])[i] for i in kept] == [split(row)[i] for i in kept], p.study
 
 
 # The largest run of each image model family in the paper studies, rehearsed at its full client count

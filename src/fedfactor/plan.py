@@ -15,9 +15,11 @@ autograd's saved-tensor hooks counting what backward keeps, gives the activation
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -40,14 +42,15 @@ PROCESS_BYTES = 541 * MiB
 # Scoring runs batches of this many samples without gradients (fl.train.Trainer.evaluate).
 EVAL_BATCH = 1024
 
-# Seconds of one local step, by where it ran, model, input shape (C, H, W) and batch size. Only
-# measured numbers go here, with where they were measured; a step not listed is "not measured", and
-# the plan prints no time for it. GPU rows come once a GPU has run `python -m benchmarks gpu`.
-STEP_SECONDS: dict[tuple[str, str, tuple[int, int, int], int], tuple[float, str]] = {
-    ("cpu", "cnn_bn", (1, 8, 8), 16): (
-        0.0021, "BENCHMARKS.md 2026-11-25: a training step of cnn_bn (16/32, FC 64) at batch 16, one thread"),
-}
+# Seconds of one local step on a GPU, by model, input shape (C, H, W) and batch size, measured by
+# `python -m benchmarks gpu` (with where and when): a group with a row here has "measured" GPU hours,
+# any other "estimated" ones (GPU_ESTIMATE). CPU hours are timed at plan time (StepCost).
+STEP_SECONDS: dict[tuple[str, str, tuple[int, int, int], int], tuple[float, str]] = {}
 DEVICES = ("cpu", "gpu")
+# The GPU whose hours the plan estimates where no GPU step is measured: its name, FP32 peak FLOP/s, and
+# the share of that peak a step is taken to reach. An estimate from FLOPs alone: small models, whose
+# steps are bound by kernel launches, take longer than it says.
+GPU_ESTIMATE = ("NVIDIA A100", 19.5e12, 0.3)
 
 
 @dataclass(frozen=True)
@@ -279,6 +282,7 @@ class Measured:
     checkpoint: int  # the simulator's state_dict, shared tensors once
     kept: int  # client_weights.npz: the diagnosed clients' analysed layers (float16)
     how: str  # "measured", or why a part is a bound
+    cost: StepCost | None = None  # timed where asked (`measure(cfg, timed=True)`)
 
 
 def _round_all_clients(sim: Any) -> str:
@@ -303,8 +307,9 @@ def _round_all_clients(sim: Any) -> str:
     return "measured"
 
 
-def measure(cfg: Config) -> Measured:
-    """A group's memory: its simulator on the meta device after a dry round of every client."""
+def measure(cfg: Config, timed: bool = False) -> Measured:
+    """A group's memory: its simulator on the meta device after a dry round of every client; `timed`:
+    its step and scoring timed and counted too (StepCost)."""
     from .fl.batched import batchable
     from .models.layers import effective_weight
     from .simulator import Simulator
@@ -345,7 +350,7 @@ def measure(cfg: Config) -> Measured:
             net = build_model(cfg.model.name, d.channels, d.height, d.width, d.num_classes,
                               width_multiplier=cfg.model.width_multiplier)
         activations = _activation_bytes(net.train(), info, cfg.fl.batch_size)
-        how += "; activations of the plain model (its forward pass reads values)"
+        how += "; activations and time of the plain model (its forward pass reads values)"
     step = activations + (2 + optimizer) * params
     # batched clients (fl/batched.py) train up to batch_clients_max at once, on a GPU under auto
     together = min(sampled, cfg.fl.batch_clients_max) if batchable(sim.model, torch.device("cuda"),
@@ -359,7 +364,99 @@ def measure(cfg: Config) -> Measured:
         layers = sim.diagnostic_layers().values()
         clients = len(sim.diagnosed_clients())
         kept = clients * sum(effective_weight(sim.model, name, sim.init).numel() * 2 for name in layers)
-    return Measured(model, states, round_extra, training, training_cpu, checkpoint, kept, how)
+    cost = None
+    if timed:
+        from .data import dataset_info
+
+        d = dataset_info(cfg.data.name, cfg.data.root)
+        augment = d.augment if cfg.data.augment == "auto" else cfg.data.augment
+        # methods that train the same network (FedAvg, FedProx, FedPer, ...) share one timing
+        network = [[type(m).__name__ for m in net.modules()], [[k, list(v.shape)] for k, v in net.state_dict().items()]]
+        key = json.dumps([network, info, cfg.fl.batch_size, cfg.fl.optimizer, cfg.fl.momentum > 0, cfg.fl.precision,
+                          augment])
+        if key not in _COSTS:
+            _COSTS[key] = step_cost(net, info, d.input == "tokens", cfg, augment)
+        cost = _COSTS[key]
+    return Measured(model, states, round_extra, training, training_cpu, checkpoint, kept, how, cost)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """A group's compute, timed and counted at plan time: one local step (forward, backward, the
+    optimizer's update) and the scoring of one sample, in seconds on one CPU thread, and their FLOPs
+    (torch's flop counter)."""
+
+    step_seconds: float
+    score_seconds: float  # a sample, scored in batches of EVAL_BATCH without gradients
+    step_flops: int
+    score_flops: int  # a sample
+
+
+def _seconds(fn: Callable[[], Any], budget: float = 0.3, most: int = 50) -> float:
+    """The mean CPU seconds of `fn` after one call that warms it up, over calls filling `budget`
+    seconds: the process's CPU time, which other jobs on a busy machine do not inflate as they do the
+    clock's. A first call of 2 s or more is taken as it is: what warming up adds is small beside it,
+    and a paper-scale step is timed once, not three times."""
+    start = time.process_time()
+    fn()
+    first = time.process_time() - start
+    if first >= 2.0:
+        return first
+    n, start = 0, time.process_time()
+    while True:
+        fn()
+        n += 1
+        took = time.process_time() - start
+        if took >= budget or n >= most:
+            return took / n
+
+
+def step_cost(model: torch.nn.Module, input_shape: tuple[int, ...], tokens: bool, cfg: Config,
+              augment: str) -> StepCost:
+    """Time and count local steps and scoring of `model` (a meta-device model, given random weights on
+    the CPU here) through the run's own Trainer, its loop's overhead included, on random data of the
+    run's shape and batch; on one thread, as the plan's CPU hours are."""
+    from .fl.train import Optim, Phase, Split, Trainer
+
+    import torch._dynamo  # noqa: F401 - what an optimizer's first step imports (2 s), not timed as a step
+
+    net = copy.deepcopy(model).to_empty(device="cpu")
+    with torch.no_grad():
+        for weight in net.parameters():
+            weight.normal_(0, 0.02)
+        for buffer in net.buffers():
+            buffer.fill_(1 if buffer.is_floating_point() else 0)
+    batch, steps = cfg.fl.batch_size, 2
+    scoring = min(max(batch, 64), EVAL_BATCH)
+    n = max(batch * steps, scoring)
+    x = torch.zeros((n, *input_shape), dtype=torch.long) if tokens else torch.randn(n, *input_shape)
+    fl = cfg.fl
+    trainer = Trainer(net, x, batch, augment, Optim(fl.optimizer, 1e-9, fl.momentum), precision=fl.precision)
+    state = {key: t.detach().clone() for key, t in net.state_dict().items()}
+    train = Split(torch.arange(batch * steps), torch.zeros(batch * steps, dtype=torch.long))
+    scored = Split(torch.arange(scoring), torch.zeros(scoring, dtype=torch.long))
+    generator = torch.Generator().manual_seed(0)
+
+    def fit() -> None:
+        trainer.fit(state, train, [Phase(epochs=1)], generator)
+
+    def score() -> None:
+        trainer.evaluate(state, scored)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        step_seconds, score_seconds = _seconds(fit) / steps, _seconds(score) / scoring
+    finally:
+        torch.set_num_threads(threads)
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counted:
+        fit()
+    step_flops = counted.get_total_flops() // steps
+    with FlopCounterMode(display=False) as counted:
+        score()
+    return StepCost(step_seconds, score_seconds, step_flops, counted.get_total_flops() // scoring)
 
 
 # Config keys that change neither a run's memory nor its cost per step: runs differing in these alone
@@ -382,12 +479,13 @@ def group_key(cfg: Config) -> str:
 
 
 _MEASURED: dict[str, Measured] = {}  # one measurement per group in a process (--all shares groups)
+_COSTS: dict[str, StepCost] = {}  # one timing per network, input, batch and optimizer in a process
 
 
-def measured(cfg: Config) -> Measured:
+def measured(cfg: Config, timed: bool = False) -> Measured:
     key = group_key(cfg)
-    if key not in _MEASURED:
-        _MEASURED[key] = measure(cfg)
+    if key not in _MEASURED or (timed and _MEASURED[key].cost is None):
+        _MEASURED[key] = measure(cfg, timed)
     return _MEASURED[key]
 
 
@@ -413,6 +511,13 @@ class Group:
     memory: Measured
     step_key: tuple[str, tuple[int, int, int], int]
     fits: str = ""  # why it cannot fit the requested memory, or ""
+    scored: int = 0  # samples scored by all its runs
+
+    @property
+    def disk(self) -> int:
+        """A run's peak disk: a new checkpoint is written beside the last one, which it replaces once
+        complete (job._Checkpoints), and the diagnosed clients' weights stay."""
+        return 2 * self.memory.checkpoint + self.memory.kept
 
 
 def local_steps(cfg: Config, facts: DatasetFacts) -> int:
@@ -433,6 +538,26 @@ def local_steps(cfg: Config, facts: DatasetFacts) -> int:
     return cfg.fl.rounds * sampled * cfg.fl.epochs * math.ceil(per_client / cfg.fl.batch_size)
 
 
+def scored_samples(cfg: Config, facts: DatasetFacts) -> int:
+    """One run's scored samples: at every evaluated round, each member client's validation and test
+    samples (under eval.test_pool: shared, the pooled test split for each)."""
+    K = cfg.fl.clients
+    members = K - int(round(cfg.eval.new_clients * K))
+    rounds, every = cfg.fl.rounds, cfg.fl.eval_every
+    evaluated = rounds // every + (rounds % every != 0)
+    f_train, f_val, f_test = cfg.data.split
+    if cfg.partition.kind == "dirichlet_fixed":
+        spc = cfg.partition.samples_per_client
+        val, test = float(spc.val * members), float(spc.test * members)
+    elif cfg.data.split_mode == "official":
+        val, test = facts.official_train * f_val / (f_train + f_val), float(facts.samples - facts.official_train)
+    else:
+        val, test = facts.samples * f_val, facts.samples * f_test
+    if cfg.eval.test_pool == "shared":
+        test *= members
+    return int(evaluated * (val + test))
+
+
 def dataset_bytes(facts: DatasetFacts, shape: tuple[int, int, int]) -> tuple[int, int]:
     """(while loading, resident): the file's uint8 arrays and their float32 copy while a job loads it,
     then the float32 samples and int64 labels it trains from (datasets.load_dataset)."""
@@ -448,6 +573,7 @@ class StudyPlan:
     groups: list[Group] = field(default_factory=list)
     datasets: dict[str, DatasetFacts] = field(default_factory=dict)
     flagged: list[str] = field(default_factory=list)
+    runtime: str | None = None  # runtime_problem's answer: "" fits, None: no runtime requested
 
 
 @dataclass(frozen=True)
@@ -458,6 +584,9 @@ class Node:
     gpus: int
     source: str
     device_memory: int | None = None
+    disk: int | None = None  # a run's disk, in bytes (disk_mb of the train rule); None: not requested
+    runtime: int | None = None  # the train rule's time limit in minutes; None: none
+    attempts: int = 1  # a job's attempts: the profile's retries + 1
 
 
 def profile_node(profile: str | Path | None, gpus_per_job: int, device_memory: int | None = None) -> Node:
@@ -469,9 +598,14 @@ def profile_node(profile: str | Path | None, gpus_per_job: int, device_memory: i
     doc = read_mapping(path)
     train = (doc.get("set-resources") or {}).get("train") or {}
     default = doc.get("default-resources") or {}
-    mem = train.get("mem_mb", default.get("mem_mb"))
+    mem, gpu_mem, disk = (train.get(key, default.get(key)) for key in ("mem_mb", "gpu_mem_mb", "disk_mb"))
     gpus = train.get("gpu", default.get("gpu", gpus_per_job))
-    return Node(None if mem is None else int(mem) * 10**6, int(gpus), str(path), device_memory)
+    if device_memory is None and gpu_mem is not None:
+        device_memory = int(gpu_mem) * 10**6
+    runtime = train.get("runtime", default.get("runtime"))
+    return Node(None if mem is None else int(mem) * 10**6, int(gpus), str(path), device_memory,
+                None if disk is None else int(disk) * 10**6, None if runtime is None else int(runtime),
+                int(doc.get("retries", 0)) + 1)
 
 
 def _run_config(run_config: str, sets: list[str]) -> Config:
@@ -497,30 +631,19 @@ def plan_study(paths: list[str], node_for: Callable[[dict], Node] | None = None)
         plan.datasets[cfg.data.name] = facts
         key = spec.kind + group_key(cfg)
         steps = spec.seeds * local_steps(cfg, facts)
+        scored = spec.seeds * scored_samples(cfg, facts)
         if key in groups:
             g = groups[key]
             g.names.append(spec.name)
             g.runs += spec.seeds
             g.steps += steps
+            g.scored += scored
             continue
         try:
-            m = measured(cfg)
+            groups[key] = _group(cfg, facts, key, spec.name, spec.kind, spec.seeds, steps, timed=True)
         except UsageError as e:
             raise UsageError(f"{paths[0]}: {spec.name}: {e}") from None
-        from .data import dataset_info
-
-        info = dataset_info(cfg.data.name, cfg.data.root)
-        shape = (info.channels, info.height, info.width)
-        loading, resident = dataset_bytes(facts, shape)
-        on_device = resident + m.states + m.round_extra + m.training
-        on_cpu = resident + m.states + m.round_extra + m.training_cpu
-        groups[key] = Group(
-            key, [spec.name], spec.kind, spec.seeds, steps, cfg.data.name, cfg.model.name, cfg.method["name"],
-            cfg.fl.clients, cfg.fl.batch_size,
-            host_cpu=PROCESS_BYTES + max(loading, on_cpu),
-            # on a GPU the host loads the data and hands it over; a checkpoint is copied out tensor by tensor
-            host_gpu=PROCESS_BYTES + loading,
-            device=on_device, memory=m, step_key=(cfg.model.name, shape, cfg.fl.batch_size))
+        groups[key].scored = scored
     plan.groups = list(groups.values())
     node = node_for(config) if node_for else None
     if node is not None:
@@ -529,29 +652,87 @@ def plan_study(paths: list[str], node_for: Callable[[dict], Node] | None = None)
             if g.fits:
                 more = f" (and {len(g.names) - 1} more)" if len(g.names) > 1 else ""
                 plan.flagged.append(f"{plan.study}: {g.kind} {g.names[0]}{more}: {g.fits}")
+        if node.runtime is not None:
+            plan.runtime = runtime_problem(plan, node)
+            if plan.runtime:
+                plan.flagged.append(f"{plan.study}: {plan.runtime}")
     return plan
 
 
+def _group(cfg: Config, facts: DatasetFacts, key: str, name: str, kind: str = "final", runs: int = 1,
+           steps: int = 0, timed: bool = False) -> Group:
+    """A run group's needs, measured once: host memory on a CPU and on a GPU, GPU memory, disk, and
+    (`timed`) the time of a step and of scoring."""
+    m = measured(cfg, timed)
+    from .data import dataset_info
+
+    info = dataset_info(cfg.data.name, cfg.data.root)
+    shape = (info.channels, info.height, info.width)
+    loading, resident = dataset_bytes(facts, shape)
+    on_device = resident + m.states + m.round_extra + m.training
+    on_cpu = resident + m.states + m.round_extra + m.training_cpu
+    return Group(
+        key, [name], kind, runs, steps, cfg.data.name, cfg.model.name, cfg.method["name"],
+        cfg.fl.clients, cfg.fl.batch_size,
+        host_cpu=PROCESS_BYTES + max(loading, on_cpu),
+        # on a GPU the host loads the data and hands it over; a checkpoint is copied out tensor by tensor
+        host_gpu=PROCESS_BYTES + loading,
+        device=on_device, memory=m, step_key=(cfg.model.name, shape, cfg.fl.batch_size))
+
+
 def fit_problem(g: Group, node: Node) -> str:
-    """Why a group's runs cannot fit the node, or ""."""
+    """Why a group's runs cannot fit the node, or "": host memory, GPU memory, disk, each naming the
+    setting to change."""
     host = g.host_gpu if node.gpus else g.host_cpu
     if node.memory is not None and host > node.memory:
         return (f"needs {gib(host)} of host memory, the train rule requests {gib(node.memory)} ({node.source})")
     if node.gpus and node.device_memory is not None and g.device > node.device_memory:
-        return f"needs {gib(g.device)} of GPU memory, the GPU has {gib(node.device_memory)}"
+        return (f"needs {gib(g.device)} of GPU memory, the GPU has {gib(node.device_memory)} (gpu_mem_mb of the "
+                "train rule, or plan's --gpu-memory-gib): give it a larger GPU, or fewer clients or a smaller model")
+    if node.disk is not None and g.disk > node.disk:
+        return (f"needs {gib(g.disk)} of disk (its checkpoint, {gib(g.memory.checkpoint)}, twice while a new one "
+                f"is written), the train rule requests {gib(node.disk)} (disk_mb): raise disk_mb")
     return ""
 
 
-def hours(plan: StudyPlan, where: str) -> float | None:
-    """The study's hours of local steps on `where` (one CPU thread, or one GPU), or None when a step of
-    some group is not measured."""
-    total = 0.0
-    for g in plan.groups:
-        step = STEP_SECONDS.get((where, *g.step_key))
-        if step is None:
-            return None
-        total += g.steps * step[0]
-    return total / 3600
+def group_hours(g: Group, where: str) -> tuple[float, bool]:
+    """(hours, measured) of a group's runs, their local steps and scoring, on one CPU thread (timed at
+    plan time) or one GPU: measured where `python -m benchmarks gpu` timed the step (STEP_SECONDS), else
+    estimated from the FLOPs at GPU_ESTIMATE's share of its peak (scoring too). Start-up, the methods'
+    server work and their extra phases (FedRep's head epochs, FedEM's components) are not counted."""
+    cost = g.memory.cost
+    if cost is None:
+        raise ValueError(f"group {g.names[0]} was not timed")
+    if where == "cpu":
+        return (g.steps * cost.step_seconds + g.scored * cost.score_seconds) / 3600, True
+    step = STEP_SECONDS.get(("gpu", *g.step_key))
+    _, peak, share = GPU_ESTIMATE
+    scoring = g.scored * cost.score_flops / (share * peak)
+    if step is not None:
+        return (g.steps * step[0] + scoring) / 3600, True
+    return (g.steps * cost.step_flops / (share * peak) + scoring) / 3600, False
+
+
+def hours(plan: StudyPlan, where: str) -> tuple[float, bool]:
+    """The study's (hours, all measured) on `where`, every group's runs together."""
+    each = [group_hours(g, where) for g in plan.groups]
+    return sum(h for h, _ in each), all(m for _, m in each)
+
+
+def runtime_problem(plan: StudyPlan, node: Node) -> str:
+    """Whether the study's longest run fits the train rule's runtime over its attempts (a run stopped
+    at the limit resumes in the next attempt from its checkpoint), and what to set if not; "" where
+    the profile gives no runtime."""
+    if node.runtime is None or not plan.groups:
+        return ""
+    where = "gpu" if node.gpus else "cpu"
+    longest = max(group_hours(g, where)[0] / g.runs for g in plan.groups)
+    budget = node.runtime / 60 * node.attempts
+    if longest <= budget:
+        return ""
+    return (f"its longest run takes {longest:,.1f} h on one {'GPU' if node.gpus else 'CPU thread'}, over "
+            f"{node.attempts} attempts of runtime {node.runtime} min: set train:runtime to at least "
+            f"{math.ceil(longest * 60 / node.attempts)} (or raise retries)")
 
 
 # ---------------------------------------------------------------------------------------- output
@@ -586,7 +767,10 @@ def summary(plan: StudyPlan) -> dict[str, Any]:
         "device_bytes": max((g.device for g in plan.groups), default=0),
         "checkpoint_bytes": biggest.memory.checkpoint if biggest else 0,
         "results_bytes": sum(g.runs * g.memory.kept for g in plan.groups),
-        "cpu_hours": hours_by["cpu"], "gpu_hours": hours_by["gpu"],
+        "cpu_hours": hours_by["cpu"][0], "gpu_hours": hours_by["gpu"][0],
+        "gpu_hours_are": "measured" if hours_by["gpu"][1] else f"estimated ({GPU_ESTIMATE[0]}, FLOPs at "
+                         f"{GPU_ESTIMATE[2]:.0%} of {GPU_ESTIMATE[1] / 1e12:g} TFLOP/s)",
+        "fits_runtime": None if plan.runtime is None else not plan.runtime,
         "bounds": sorted({g.memory.how for g in plan.groups if g.memory.how != "measured"}),
         "cannot_fit": plan.flagged,
     }
@@ -608,14 +792,14 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
 
 
-def _hours(h: float | None, runs: int) -> str:
-    return "-" if not runs else "not measured" if h is None else f"{h:,.1f}"
+def _hours(h: float, runs: int, measured: bool = True) -> str:
+    return "-" if not runs else f"{h:,.1f}" if measured else f"{h:,.1f} (est.)"
 
 
 def summary_table(plans: list[StudyPlan]) -> str:
     header = ["study", "runs", "tuning runs", "local steps", "datasets", "download", "disk (at least)",
               "host/run CPU", "host/run GPU", "GPU mem/run", "checkpoint", "results kept", "CPU-h (1 thread)",
-              "GPU-h", "runs that cannot fit"]
+              "GPU-h", "runs that cannot fit", "longest run in runtime"]
     rows = []
     for plan in plans:
         s = summary(plan)
@@ -623,8 +807,10 @@ def summary_table(plans: list[StudyPlan]) -> str:
                      f"{s['local_steps'] + s['tuning_local_steps']:,}", ", ".join(s["datasets"]) or "-",
                      _size(s["download_bytes"]), _size(s["disk_bytes_at_least"]), gib(s["host_bytes_cpu_run"]),
                      gib(s["host_bytes_gpu_run"]), gib(s["device_bytes"]), gib(s["checkpoint_bytes"]),
-                     _size(s["results_bytes"]), _hours(s["cpu_hours"], s["runs"]), _hours(s["gpu_hours"], s["runs"]),
-                     f"{sum(g.runs for g in plan.groups if g.fits):,}"])
+                     _size(s["results_bytes"]), _hours(s["cpu_hours"], s["runs"]),
+                     _hours(s["gpu_hours"], s["runs"], s["gpu_hours_are"] == "measured"),
+                     f"{sum(g.runs for g in plan.groups if g.fits):,}",
+                     {None: "-", True: "yes", False: "no"}[s["fits_runtime"]]])
     return _table(header, rows)
 
 
@@ -651,10 +837,11 @@ def study_files(all_studies: bool, study: list[str] | None) -> list[list[str]]:
 
 
 def check_memory(study: str, run_config: str, runs: Iterable[tuple[str, list[str]]], node: Node) -> None:
-    """The workflow's check at DAG build: each run group's planned peak host memory against what the
-    profile requests for the train rule; the first run that cannot fit ends the build, naming the
-    study, the run and the need against the request. Each group is measured once."""
-    if node.memory is None:
+    """The workflow's check at DAG build: each run group's planned needs (`fedfactor plan`) against
+    what the profile or command line requests of the train rule: host memory, GPU memory, disk. The
+    first run that cannot fit ends the build in one line naming the study, the run, the need and the
+    setting to change. Each group is measured once."""
+    if node.memory is None and node.device_memory is None and node.disk is None:
         return
     seen: set[str] = set()
     for name, sets in runs:
@@ -663,20 +850,10 @@ def check_memory(study: str, run_config: str, runs: Iterable[tuple[str, list[str
         if key in seen:
             continue
         seen.add(key)
-        facts = dataset_facts(cfg.data.name, cfg.data.root)
-        from .data import dataset_info
-
-        info = dataset_info(cfg.data.name, cfg.data.root)
-        loading, resident = dataset_bytes(facts, (info.channels, info.height, info.width))
-        if node.gpus:
-            need = PROCESS_BYTES + loading
-        else:
-            m = measured(cfg)
-            need = PROCESS_BYTES + max(loading, resident + m.states + m.round_extra + m.training)
-        if need > node.memory:
+        problem = fit_problem(_group(cfg, dataset_facts(cfg.data.name, cfg.data.root), key, name), node)
+        if problem:
             where = "on a GPU" if node.gpus else "on the CPU"
-            raise UsageError(f"study {study}: {name} needs {gib(need)} of host memory a run ({where}; `fedfactor "
-                             f"plan` says why), but the train rule requests {gib(node.memory)} ({node.source})")
+            raise UsageError(f"study {study}: {name} {problem} ({where}; `fedfactor plan` says why)")
 
 
 def progress(message: str) -> None:
@@ -691,7 +868,10 @@ def requested_resource(settings: Any, rule: str, name: str) -> int | None:
             value = mapping[name]
         except (KeyError, TypeError):  # not given, or no mapping at all
             continue
-        value = getattr(value, "value", value)  # Snakemake's Resource
+        try:
+            value = getattr(value, "value", value)  # Snakemake's Resource
+        except ValueError:  # an expression (Snakemake's default disk_mb) it evaluates per job
+            continue
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return int(value)
     return None
@@ -699,12 +879,16 @@ def requested_resource(settings: Any, rule: str, name: str) -> int | None:
 
 def check_run_memory(config: dict[str, Any], run_config: str, runs: Iterable[tuple[str, list[str]]],
                      settings: Any) -> None:
-    """Every run group's planned peak host memory (`fedfactor plan`) against the mem_mb the active
-    profile or command line requests for the train rule; nothing to check where none is requested
-    (the default local profile). With GPUs requested, the host holds the data while it loads."""
-    mem_mb = requested_resource(settings, "train", "mem_mb")
-    if mem_mb is None:
+    """Every run group's planned needs (`fedfactor plan`) against what the active profile or command
+    line requests of the train rule: mem_mb, gpu_mem_mb (a GPU's memory, which SLURM does not know:
+    declared for this check) and disk_mb; nothing to check where none is requested (the default local
+    profile). With GPUs requested, the host holds the data while it loads."""
+    mem_mb, gpu_mem_mb, disk_mb = (requested_resource(settings, "train", key)
+                                   for key in ("mem_mb", "gpu_mem_mb", "disk_mb"))
+    if mem_mb is None and gpu_mem_mb is None and disk_mb is None:
         return
     gpus = requested_resource(settings, "train", "gpu")
-    node = Node(mem_mb * 10**6, config["gpus_per_job"] if gpus is None else gpus, f"mem_mb={mem_mb} of the train rule")
+    node = Node(None if mem_mb is None else mem_mb * 10**6, config["gpus_per_job"] if gpus is None else gpus,
+                f"mem_mb={mem_mb} of the train rule", None if gpu_mem_mb is None else gpu_mem_mb * 10**6,
+                None if disk_mb is None else disk_mb * 10**6)
     check_memory(config["study"], run_config, runs, node)
