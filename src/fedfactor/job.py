@@ -326,9 +326,10 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
         sim.run(_RoundOutputs(cfg, out, rows, tracker, checkpoints, run_name))
         summary = _summarise(cfg, out, sim, resumed, tracker, environment, run_name)
     except Interrupted as e:
+        kept = checkpoints.on_stop()  # first: MLflow may be slow to answer, and the kill is coming
         tracker.end("KILLED")
         log.warning("%s stopped by %s after round %d of %d; %s", run_name, signal.Signals(e.signum).name,
-                    sim.round, cfg.fl.rounds, checkpoints.on_stop())
+                    sim.round, cfg.fl.rounds, kept)
         raise
     except BaseException:
         tracker.end("FAILED")
