@@ -302,3 +302,23 @@ def test_no_checkpoint_is_taken_of_a_round_trained_and_not_yet_scored():
     sim.scoring_round = 1
     with pytest.raises(RuntimeError, match="round 1 is trained and not yet scored"):
         sim.state_dict()
+
+
+def test_a_signal_during_a_runs_last_writes_stops_the_jobs_next_run(tmp_path, monkeypatch):
+    """The first run's summary is written when SIGTERM comes (no phase left to stop): that run stays
+    finished, and the job stops instead of training its next run as if nothing had come."""
+    finish = job._finish_tracking
+    calls = {"n": 0}
+
+    def finish_then_signal(*args, **kwargs):
+        finish(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 1:
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(job, "_finish_tracking", finish_then_signal)
+    runs = [(load_config(None, [*TINY, *SMALL, "fl.rounds=1", f"seed={s}"]), tmp_path / f"run{s}", None) for s in (0, 1)]
+    with pytest.raises(Interrupted):
+        job.train_runs(runs, hold_signals=True)
+    assert (tmp_path / "run0" / "summary.json").exists() and not (tmp_path / "run1" / "summary.json").exists()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

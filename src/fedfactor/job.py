@@ -177,6 +177,10 @@ def stop_signals(sim: Simulator, hold_after: Path | None = None) -> Iterator[Non
         done = hold_after is not None and hold_after.is_file()
         for s, h in previous.items():
             signal.signal(s, signal.SIG_IGN if done else h)
+    # A signal that came during the run's last writes, after its last phase that stops, stops the
+    # caller too (the job's next run would not see it), unless the finished process holds signals.
+    if sim.stop_signal is not None and not done:
+        raise Interrupted(sim.stop_signal)
 
 
 def chance_accuracy(sim: Simulator, report: str) -> float:
