@@ -94,7 +94,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         return {"peak_rss_mb": peak_rss_mb()}
     sim = Simulator(load_config(None, spec["sets"]))
     sim.run_round(1)
-    states = held_bytes(sim.states)
+    states = held_bytes(sim.states.as_list())
     out = {
         "peak_rss_mb": peak_rss_mb(),
         "states_bytes": states,

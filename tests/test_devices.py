@@ -95,3 +95,30 @@ def test_the_memory_a_process_may_take_respects_an_address_space_limit(monkeypat
     monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, resource.RLIM_INFINITY))
     mapped = int(Path("/proc/self/statm").read_text().split()[0]) * devices.os.sysconf("SC_PAGE_SIZE")
     assert devices.available_memory() <= limit - mapped + 2**30  # the process may grow meanwhile
+
+
+@pytest.mark.parametrize("cgroup, files, left", [
+    ("0::/job_7\n", {"job_7/memory.max": "1000\n", "job_7/memory.current": "300\n"}, 700),  # v2, SLURM's limit
+    ("0::/job_7\n", {"job_7/memory.max": "max\n", "job_7/memory.current": "300\n"}, None),  # v2 without a limit
+    ("4:memory:/slurm/job_7\n0::/\n", {"memory/slurm/job_7/memory.limit_in_bytes": "2000\n",
+                                       "memory/slurm/job_7/memory.usage_in_bytes": "500\n"}, 1500),  # v1
+    ("4:memory:/x\n", {"memory/x/memory.limit_in_bytes": str(2**63 - 4096),
+                       "memory/x/memory.usage_in_bytes": "5"}, None),  # v1's "no limit"
+    ("4:memory:/gone\n", {}, None),  # a hierarchy this namespace cannot see
+    ("0::/job\n", {"job/memory.max": "100", "job/memory.current": "400"}, 0),  # over its limit: nothing left
+])
+def test_a_control_groups_memory_limit_is_what_a_job_may_still_use(tmp_path, cgroup, files, left):
+    """Catches: a SLURM job's mem_mb ignored (the node's MemAvailable taken instead: `auto` would keep
+    client states in host memory the job may not use), v1 or v2 misread, or "no limit" read as one."""
+    proc = tmp_path / "cgroup"
+    proc.write_text(cgroup)
+    for name, text in files.items():
+        (tmp_path / "fs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fs" / name).write_text(text)
+    assert devices.cgroup_memory_left(proc, tmp_path / "fs") == left
+
+
+def test_available_memory_is_held_to_the_control_groups_limit(monkeypatch):
+    """Catches: available_memory reading MemAvailable alone inside a job's control group."""
+    monkeypatch.setattr(devices, "cgroup_memory_left", lambda: 12345)
+    assert devices.available_memory() == 12345

@@ -183,6 +183,14 @@ class CheckpointConfig(Section):
     keep: bool = False  # keep the checkpoint after the run has finished
 
 
+class StoreConfig(Section):
+    """Where the clients' states wait between their rounds (fl/store.py); the results are the same in each."""
+
+    # auto: on the run's device where they fit half its memory, else in host memory (a GPU run) where
+    # they fit half of it, else in files on local disk (under the run's folder, memory-mapped when read)
+    client_states: Literal["auto", "device", "host", "disk"] = "auto"
+
+
 class EvalConfig(Section):
     """The evaluation protocol; each paper uses its own (docs/protocols.md)."""
 
@@ -275,6 +283,7 @@ class Config(Section):
     fl: FLConfig = Field(default_factory=FLConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
     diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
@@ -283,8 +292,9 @@ class Config(Section):
 
     def result_dict(self) -> dict:
         """What determines the results: everything but where they are mirrored, checkpointed and which
-        weights are kept for diagnostics."""
-        return {k: v for k, v in self.to_dict().items() if k not in ("checkpoint", "diagnostics", "tracking")}
+        weights are kept for diagnostics, and where the clients' states wait (identical results)."""
+        return {k: v for k, v in self.to_dict().items()
+                if k not in ("checkpoint", "store", "diagnostics", "tracking")}
 
     def flat(self) -> dict[str, Any]:
         """Dotted keys -> values, the form MLflow params and tables use."""

@@ -112,6 +112,32 @@ def release_gpus() -> None:
         _HELD.pop().close()
 
 
+def cgroup_memory_left(proc: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """What this process's control group (cgroup v2: memory.max, or v1: memory.limit_in_bytes) may
+    still use, or None without a limit: a SLURM job is held to its mem_mb this way while the node's
+    MemAvailable counts the whole machine."""
+    try:
+        lines = proc.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: one hierarchy
+            folder, limit_file, usage_file = root / path.lstrip("/"), "memory.max", "memory.current"
+        elif "memory" in controllers.split(","):
+            folder, limit_file, usage_file = root / "memory" / path.lstrip("/"), "memory.limit_in_bytes", \
+                "memory.usage_in_bytes"
+        else:
+            continue
+        try:
+            limit, usage = ((folder / name).read_text().strip() for name in (limit_file, usage_file))
+        except OSError:
+            continue
+        if limit.isdigit() and int(limit) < 2**60:  # "max", or v1's huge number: no limit
+            return max(int(limit) - int(usage), 0)
+    return None
+
+
 def memory_bytes(device: torch.device) -> int | None:
     """The memory of `device` (a GPU's own, else the machine's), or None where it cannot be read."""
     try:
@@ -123,14 +149,18 @@ def memory_bytes(device: torch.device) -> int | None:
 
 
 def available_memory() -> int | None:
-    """Bytes this process may still allocate: the memory the kernel counts as available, and under an
-    address-space limit (`ulimit -v`) what is left below it; None where neither can be read."""
+    """Bytes this process may still allocate: the memory the kernel counts as available, under a
+    control group's limit (SLURM's mem_mb) what is left below it, and under an address-space limit
+    (`ulimit -v`) what is left below that; None where none can be read."""
     page = os.sysconf("SC_PAGE_SIZE")
     try:
         found = re.search(r"MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text())
     except OSError:  # not Linux
         found = None
     free = int(found[1]) * 1024 if found else None  # None too for a kernel without MemAvailable
+    left = cgroup_memory_left()
+    if left is not None:
+        free = left if free is None else min(free, left)
     limit = resource.getrlimit(resource.RLIMIT_AS)[0]
     if limit != resource.RLIM_INFINITY:
         try:

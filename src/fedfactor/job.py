@@ -47,6 +47,7 @@ from .report.runs import FAILED
 log = logging.getLogger("fedfactor")
 
 CHECKPOINT = "checkpoint.pt"
+STATES_FOLDER = "client_states"  # the disk store's files while the run goes on (store.client_states)
 FINGERPRINT = "fingerprint.json"  # the result-determining config of the run this folder holds
 CHECKPOINT_VERSION = 1
 # How far a run's reported accuracy must rise above the majority-class baseline to count as
@@ -72,13 +73,15 @@ def _differences(old: dict, new: dict) -> str:
     return "; ".join(shown) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
 
 
-def load_checkpoint(path: Path, device: torch.device) -> dict:
+def load_checkpoint(path: Path, device: torch.device, mmap: bool = False) -> dict:
+    """The checkpoint at `path`, checked; on `device`, or memory-mapped on the host (`mmap`: where the
+    clients' states wait off the device, a checkpoint can be larger than the memory that reads it)."""
     try:
         # torch warns about what it finds in a foreign or damaged file (a pickle protocol it does not
         # write) before it refuses it: the one line below says what matters
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            ckpt = torch.load(path, map_location=device, weights_only=True)
+            ckpt = torch.load(path, map_location="cpu" if mmap else device, mmap=mmap, weights_only=True)
         if ckpt["version"] != CHECKPOINT_VERSION:
             raise ValueError(f"version {ckpt['version']}, this fedfactor reads {CHECKPOINT_VERSION}")
         missing = [k for k in ("fingerprint", "simulator", "resumed") if k not in ckpt]
@@ -120,7 +123,7 @@ def _checked_checkpoint(path: Path, fp: dict, sim: Simulator) -> dict | None:
     refused one leaves a finished run's summary.json as it was), or None when there is none."""
     if not path.exists():
         return None
-    ckpt = load_checkpoint(path, sim.device)
+    ckpt = load_checkpoint(path, sim.device, mmap=sim.states.where != "device")
     if ckpt["fingerprint"] != fp:
         raise UsageError(f"{path} belongs to a different run ({_differences(ckpt['fingerprint'], fp)}); "
                          "use another --out, or delete the checkpoint to start over")
@@ -208,13 +211,17 @@ def train(cfg: Config, out: Path, hold_signals: bool = False) -> dict[str, Any]:
     cfg.method = build(cfg.method).spec  # as the run's config records it: every default filled in
     check_output(out, "folder")
     check_run_folder(out)
-    sim = Simulator(cfg)  # every check on the config and the data happens here, before any output
+    # every check on the config and the data happens here, before any output
+    sim = Simulator(cfg, states_folder=out / STATES_FOLDER)
     try:
         out.mkdir(parents=True, exist_ok=True)
         # Signals are caught from here on: one arriving while the MLflow run opens still ends in a
         # checkpoint and a KILLED run, at the first training step.
         with folder_lock(out), stop_signals(sim, out / "summary.json" if hold_signals else None):
-            return _train(cfg, out, sim)
+            try:
+                return _train(cfg, out, sim)
+            finally:
+                sim.states.close()  # the disk store's files: a resume rebuilds them from the checkpoint
     except OSError as e:
         if e.errno not in NO_SPACE:
             raise

@@ -322,7 +322,7 @@ def measure(cfg: Config, timed: bool = False) -> Measured:
     model = tensor_bytes([sim.init])
     members = len(sim.members)
     if how == "measured":
-        states = tensor_bytes([sim.states, sim.server])
+        states = tensor_bytes([sim.states.as_list(), sim.server])
         upload = sim.meter.history[-1][0] // max(members, 1)
     else:  # what a trained client keeps of its own (Simulator._trim), each client a copy of it
         dropped = sim.dropped_when_trained()
@@ -358,7 +358,7 @@ def measure(cfg: Config, timed: bool = False) -> Measured:
     scoring = _eval_bytes(net.eval(), info)
     training, training_cpu = max(together * step, scoring), max(step, scoring)
     # the checkpoint holds the states and server, then the meter, records and random states
-    checkpoint = states + tensor_bytes([sim.state_dict()]) - tensor_bytes([sim.states, sim.server])
+    checkpoint = states + tensor_bytes([sim.state_dict()]) - tensor_bytes([sim.states.as_list(), sim.server])
     kept = 0
     if cfg.diagnostics.keep_weights:
         layers = sim.diagnostic_layers().values()

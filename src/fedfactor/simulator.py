@@ -13,8 +13,11 @@ import contextlib
 import functools
 import random
 import re
+import shutil
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -26,11 +29,12 @@ from .config import Config
 from .data import DatasetInfo, Partition, dataset_info
 from .data.augment import AUGMENT_KINDS
 from .data.partition_labels import task_label_maps
-from .devices import memory_bytes, resolve_device
+from .devices import available_memory, memory_bytes, resolve_device
 from .errors import Interrupted, RunFailed, UsageError
 from .fl.batched import BatchedTrainer, batchable
 from .fl.comm import CommMeter
 from .fl.state import State, WeightedSum, clone
+from .fl.store import ClientStates, choose, move
 from .fl.train import Batch, Diverged, Optim, Phase, Split, Trainer, TrainLoss, derive_seed
 from .methods import Context, build
 from .methods.base import Method, refuse_recurrent
@@ -48,7 +52,8 @@ class Simulator:
     `largest_payloads` (`fedfactor plan`, which sizes memory and takes such payloads at their largest).
     """
 
-    def __init__(self, cfg: Config, dry_run: bool = False, largest_payloads: bool = False):
+    def __init__(self, cfg: Config, dry_run: bool = False, largest_payloads: bool = False,
+                 states_folder: Path | None = None):
         self.cfg = cfg
         self.dry_run = dry_run
         device = resolve_device(cfg.fl.device, available=not dry_run)
@@ -91,9 +96,9 @@ class Simulator:
         # weights the diagnostics keep (diagnostics.weights.save_client_weights) keep the entries of those layers. A
         # dry run trims too, so that `fedfactor plan` counts what a real run holds.
         self._trim = cfg.eval.model == "received"
-        if not dry_run:
-            self._check_memory()
-        self.states: list[State] = [self.method.init_client(k, init) for k in range(K)]
+        where = "device" if dry_run else self._client_store(states_folder)
+        self.states = ClientStates([self.method.init_client(k, init) for k in range(K)], where, self.device,
+                                   states_folder)
         self.server = self.method.init_server(init)
         # With the base aggregate, each upload is added to the weighted sum as it arrives: together
         # with the trimming, a round no longer holds every sampled client's model until it ends.
@@ -192,20 +197,33 @@ class Simulator:
         """The entries a trained client lets go of (`_trim`): what its method's receive overwrites."""
         return self.method.replaced_on_receive() if self._trim else set()
 
-    def _check_memory(self) -> None:
-        """Refuse a run whose clients' states alone cannot fit: the model once, and for every client
-        what it keeps of its own once trained (all of the model unless a trained client drops what
-        receive overwrites; the fewest bytes a method holds: the real need is higher)."""
+    def _client_store(self, folder: Path | None) -> str:
+        """Where the clients' states wait (store.client_states; `auto` chooses by their size), refused
+        when they cannot fit there: the model once, and for every client what it keeps of its own once
+        trained (all of the model unless a trained client drops what receive overwrites; the fewest
+        bytes a method holds: the real need is higher)."""
         bytes_of = lambda keys: sum(self.init[k].numel() * self.init[k].element_size() for k in keys)  # noqa: E731
         model = bytes_of(self.init)
         own = bytes_of(set(self.init) - self.dropped_when_trained())
         K = self.cfg.fl.clients
-        need, have = model + K * own, memory_bytes(self.device)
+        need, where = model + K * own, self.cfg.store.client_states
+        on_gpu = self.device.type == "cuda"
+        if where == "auto":
+            where = choose(need, on_gpu, memory_bytes(self.device) if on_gpu else None, available_memory())
+        if where == "disk":
+            probe = folder if folder is not None else Path(tempfile.gettempdir())
+            while not probe.exists():  # the run's folder is made after these checks
+                probe = probe.parent
+            have, kind = shutil.disk_usage(probe).free, "free disk"
+        else:
+            device = self.device if where == "device" else torch.device("cpu")
+            have, kind = memory_bytes(device), f"{device.type} memory"
         if have is not None and need > have:
             raise UsageError(f"fl.clients={K:,} clients x {own / 2**20:,.1f} MiB of a {model / 2**20:,.1f} MiB model "
                              f"kept per client = {need / 2**30:,.1f} GiB of client states, more than the "
-                             f"{have / 2**30:,.1f} GiB of {self.device.type} memory here; use fewer clients or a "
-                             "smaller model (`fedfactor plan` gives a study's needs)")
+                             f"{have / 2**30:,.1f} GiB of {kind} here (store.client_states={where}); use fewer "
+                             "clients or a smaller model, or another store (`fedfactor plan` gives a study's needs)")
+        return where
 
     # -- services the method calls through its Context -----------------------------------------
     def _generator(self, k: int) -> torch.Generator:
@@ -346,12 +364,11 @@ class Simulator:
         """
         self.ctx.round = rnd
         self._generators, self._scalars, self._arrays = {}, {}, {}
-        trained: dict[int, State] = {}
         uploads: dict[int, State] = {}
         weights: dict[int, float] = {}
         total = WeightedSum()
         drop = self.dropped_when_trained()
-        losses, skipped = [], []
+        losses, skipped, trained = [], [], 0
         try:
             with self.stoppable_phase():
                 for k, state, result in self._local_training(self.sample(rnd)):
@@ -372,7 +389,10 @@ class Simulator:
                     else:
                         uploads[k] = upload
                     gone = drop - self._kept_for_diagnostics.get(k, set())
-                    trained[k] = {key: t for key, t in state.items() if key not in gone} if gone else state
+                    self.states.stage(k, {key: t for key, t in state.items() if key not in gone} if gone else state)
+                    trained += 1
+                    # the next client trains without this one's state in memory, where a store holds it off the device
+                    del state, result, upload
                 if skipped and not trained:
                     # Nothing reached the server: the run would go on, and end "successfully", with the
                     # model it had; an untrained model's accuracy must not pass for a result.
@@ -383,9 +403,9 @@ class Simulator:
                           else self.method.aggregate(self.server, uploads, weights))
         except BaseException:
             self.meter.discard_round()
+            self.states.discard()
             raise
-        for k, state in trained.items():
-            self.states[k] = state
+        self.states.commit()
         self.server = server
         self.meter.end_round()
         return round_loss(losses), skipped
@@ -492,7 +512,7 @@ class Simulator:
         np_state = np.random.get_state()
         return {
             "round": self.round,
-            "states": self.states,
+            "states": self.states.as_list(),
             "server": self.server,
             "meter": self.meter.state_dict(),
             "records": [r.to_dict() for r in self.records],
@@ -506,8 +526,8 @@ class Simulator:
 
     def load_state_dict(self, ckpt: dict) -> None:
         self.round = int(ckpt["round"])
-        self.states = list(ckpt["states"])
-        self.server = ckpt["server"]
+        self.states.load(list(ckpt["states"]))
+        self.server = move(ckpt["server"], self.device)  # read to the host where the states wait off the device
         self.meter.load_state_dict(ckpt["meter"])
         self.records = [RoundRecord.from_dict(r) for r in ckpt["records"]]
         rng = ckpt["rng"]
