@@ -213,3 +213,42 @@ def test_bytes_compare_across_protocols(tmp_path):
     _run(tmp_path / "B", "s1", "m", 0, 0.5, nbytes=2e9, protocol={**PROTOCOL, "report": "best_weighted"})
     frame = compare_runs([tmp_path / "A"], tmp_path / "out", against=[tmp_path / "B"], metric="bytes")
     assert frame["verdict"].tolist() == ["same"]
+
+
+@pytest.mark.parametrize("value, lo, hi, exact, fewer_is_better, verdict", [
+    (0.5, 0.0, 1.0, False, False, "within noise"),  # an interval reaching 0 is no difference
+    (0.5, 0.25, 0.75, False, False, "better"),  # the whole interval above 0, inside (0, 1)
+    (-0.5, -1.0, 0.0, False, False, "within noise"),
+    (-0.25, -0.5, -0.1, False, False, "worse"),
+    (0.25, -0.5, 0.5, False, False, "within noise"),  # straddles 0, its high end inside (0, 1)
+    (0.5, 0.25, 0.75, False, True, "worse"),  # bytes: more is worse
+    (-0.5, -0.75, -0.25, False, True, "better"),
+    (0.5, float("nan"), float("nan"), False, False, "within noise"),  # one run a side
+    (0.5, 0.5, 0.5, True, False, "better"),  # exact: decided on the value, here inside (0, 1)
+    (-0.5, -0.5, -0.5, True, False, "worse"),
+    (0.0, 0.0, 0.0, True, False, "same"),
+    (2.0, 2.0, 2.0, True, True, "worse"),
+    (-2.0, -2.0, -2.0, True, True, "better"),
+])
+def test_a_verdict_needs_its_whole_interval_on_one_side_of_zero(value, lo, hi, exact, fewer_is_better, verdict):
+    """Catches: an interval that touches 0 called a difference (>= for >), a threshold other than 0,
+    bytes judged as accuracy (more called better), and an exact difference judged on its interval."""
+    from fedfactor.report.compare import _verdict
+
+    assert _verdict(value, lo, hi, exact, fewer_is_better) == verdict
+
+
+def test_the_page_says_which_side_is_better_and_how_many_seeds_each_cell_pairs(tmp_path):
+    """Catches: the reading guide calling more bytes (or lower accuracy) better, and the seeds column
+    hiding that a cell paired two seeds of three and four runs (or pairing fewer than two)."""
+    for seed in range(3):
+        _run(tmp_path / "A", "s1", "m", seed, 0.5 + seed / 100, nbytes=1e9 * (1 + seed / 10))
+    for seed in (1, 2, 3, 4):
+        _run(tmp_path / "B", "s1", "m", seed, 0.4 + seed / 50, nbytes=2e9)
+    for metric, good, what in (("accuracy", "higher accuracy", "the reported accuracy (%"),
+                               ("bytes", "fewer bytes", "bytes sent (GB)")):
+        out = tmp_path / metric
+        compare_runs([tmp_path / "A"], out, against=[tmp_path / "B"], metric=metric)
+        md = (out / "compare.md").read_text()
+        assert f"the whole interval on A's side ({good})" in md and f"the difference A - B of {what}" in md
+        assert "| 2 paired (3 vs 4 runs) |" in md

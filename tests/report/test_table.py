@@ -230,3 +230,27 @@ def test_a_failed_run_is_named_under_the_table_and_left_out_of_its_cell(tmp_path
     (failed / "failed.json").unlink()
     with pytest.raises(UsageError, match="seed3/summary.json does not exist"):
         collect(listed)
+
+
+def test_aggregate_gives_each_metrics_mean_and_sample_std_over_seeds_in_the_runs_order():
+    """Catches: a metric's mean or std dropped from table.csv or taken from another column, the
+    population std for the sample one, and the cells sorted instead of kept in the study's order."""
+    import numpy as np
+    import pandas as pd
+
+    from fedfactor.report.table import aggregate
+
+    acc, mean, best = [0.9, 0.8, 0.7], [0.85, 0.75, 0.6], [0.95, 0.9, 0.92]
+    runs = pd.DataFrame({
+        "scenario": ["zeta"] * 3 + ["alpha"] * 3, "method": ["m"] * 6, "test_pool": "client",
+        "eval_model": "received", "report": "last", "seed": [0, 1, 2] * 2,
+        "accuracy": acc * 2, "accuracy_mean": mean * 2, "accuracy_best_mean": best * 2, "bytes_total": [1e9] * 6})
+    out = aggregate(runs)
+    assert out["scenario"].tolist() == ["zeta", "alpha"]  # the study's order, not sorted
+    row = out.iloc[0]
+    assert row["seeds"] == 3 and row["accuracy"] == pytest.approx(np.mean(acc))
+    assert row["accuracy_sd"] == pytest.approx(np.std(acc, ddof=1))
+    assert row["accuracy_mean"] == pytest.approx(np.mean(mean))
+    assert row["accuracy_std"] == pytest.approx(np.std(mean, ddof=1))
+    assert row["accuracy_best_mean"] == pytest.approx(np.mean(best))
+    assert row["accuracy_best_std"] == pytest.approx(np.std(best, ddof=1))
