@@ -128,9 +128,13 @@ def test_cells_on_one_side_only_are_listed_and_labels_sharing_a_method_are_cells
     assert f.loc[("s1", "rank4"), "verdict"] == "only in A" and f.loc[("s1", "rank8"), "verdict"] == "only in A"
     assert f.loc[("s3", "up"), "verdict"] == "only in B" and np.isnan(f.loc[("s3", "up"), "a_mean"])
     assert f.loc[("s1", "rank4"), "a_mean"] == pytest.approx(80) and np.isnan(f.loc[("s1", "rank4"), "diff"])
+    one_sided = f.loc[("s1", "rank4")]  # nothing to compare: no difference, interval, p or pairs
+    assert np.isnan(one_sided[["diff", "low", "high", "p", "b_mean"]].astype(float)).all()
+    assert one_sided["n_paired"] == 0 and pd.isna(one_sided["test"])
     md = (tmp_path / "out" / "compare.md").read_text()
     assert md.startswith("# Accuracy: tuned vs untuned\n") and "| tuned mean [%] | untuned mean [%] |" in md
     assert "| s3 | up | - | 50.00 | - | - | 0 vs 3 | **only in B** |" in md
+    assert "| s1 | rank4 | 80.00 | - | - | - | 3 vs 0 | **only in A** |" in md
     assert "6 cells: 1 better, 1 worse, 1 within noise, 2 only in A, 1 only in B." in md
 
 
@@ -170,7 +174,9 @@ def test_the_outputs_are_the_three_files_and_the_figure_is_a_png(sets, tmp_path)
 
 
 def test_runs_on_synthetic_data_are_flagged(tmp_path):
+    """Catches: a set flagged by its last run alone (one synthetic run among real ones forgotten)."""
     _run(tmp_path / "A", "s1", "m", 0, 0.5, dataset="synthetic:tiny")
+    _run(tmp_path / "A", "s2", "m", 0, 0.5)  # read after the synthetic one: the set stays flagged
     _run(tmp_path / "B", "s1", "m", 0, 0.5)
     compare_runs([tmp_path / "A"], tmp_path / "out", against=[tmp_path / "B"])
     assert (tmp_path / "out" / "compare.md").read_text().startswith(f"# {SMOKE_TITLE}Accuracy: A vs B")
