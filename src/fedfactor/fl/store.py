@@ -101,9 +101,7 @@ class ClientStates:
         return len(self._states)
 
     def __getitem__(self, k: int) -> State:
-        state = self._states[k]
-        if isinstance(state, Path):
-            state = torch.load(state, map_location="cpu", mmap=True, weights_only=True)
+        state = self._read(self._states[k])
         return state if self.where == "device" else move(state, self.device)
 
     def __iter__(self) -> Iterator[State]:
@@ -112,8 +110,12 @@ class ClientStates:
     def as_list(self) -> list[State]:
         """Every client's state, for a checkpoint: on the device in the device store, else on the CPU
         (the disk store's memory-mapped), shared tensors once."""
-        return [torch.load(s, map_location="cpu", mmap=True, weights_only=True) if isinstance(s, Path) else s
-                for s in self._states]
+        return [self._read(s) for s in self._states]
+
+    @staticmethod
+    def _read(state: State | Path) -> State:
+        """A state as kept: a disk store's file read memory-mapped, anything else as it is."""
+        return torch.load(state, map_location="cpu", mmap=True, weights_only=True) if isinstance(state, Path) else state
 
     # -- writing ---------------------------------------------------------------------------------
     def load(self, states: list[State], to_files: bool = True) -> None:
