@@ -236,11 +236,11 @@ class Partition:
 
     def save(self, path: str | os.PathLike, y: np.ndarray) -> None:
         """Write JSON atomically, so a crashed or concurrent run never leaves half a file."""
-        atomic_write_text(path, self.to_json(y))
+        atomic_write_text(Path(path), self.to_json(y))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Partition:
-        regular_file(path, "partition file", "; create it first")
+        regular_file(Path(path), "partition file", "; create it first")
         try:
             doc = json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
             return cls._from_doc(doc)

@@ -127,7 +127,7 @@ def _pick_rounds(run_dir: Path, available: dict[str, list[int]], rows: list[str]
 
 def _spans(numbers: list[int]) -> str:
     """1,2,3,5,7,8 -> "1-3, 5, 7-8": a run's rounds in a message of one readable line."""
-    spans = []
+    spans: list[list[int]] = []
     for n in numbers:
         if spans and n == spans[-1][1] + 1:
             spans[-1][1] = n

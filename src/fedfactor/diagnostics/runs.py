@@ -88,7 +88,7 @@ def split_history(run_dir: Path, index: int) -> tuple[list[int], np.ndarray] | N
     files = sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := _ROUND_FILE.fullmatch(p.name)))
     if not files:
         return None
-    rows = []
+    rows: list[np.ndarray] = []
     for _, p in files:
         try:
             a = np.load(p, allow_pickle=False)

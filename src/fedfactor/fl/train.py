@@ -246,7 +246,8 @@ class Trainer:
         self.model.train()
         out = dict(state)
         total, steps = torch.zeros((), device=self.x.device), 0
-        task, terms = torch.zeros((), device=self.x.device), {}
+        task = torch.zeros((), device=self.x.device)
+        terms: dict[str, torch.Tensor] = {}
         for phase in phases:
             loss_sum, task_sum, term_sum, n = self._run(phase, split, generator, out)
             total += loss_sum
