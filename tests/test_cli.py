@@ -215,6 +215,29 @@ def test_train_sets_torch_threads_before_any_work(tmp_path, tiny, monkeypatch, c
         torch.set_num_threads(before)
 
 
+def test_a_job_with_fewer_threads_than_the_cpus_slurm_gave_it_says_what_to_set(tmp_path, tiny, monkeypatch, caplog):
+    """Catches: a profile whose cpus_per_task and set-threads differ, leaving CPUs idle, unnoticed."""
+    import torch
+
+    from fedfactor.errors import UsageError
+
+    def train(cfg, out, hold_signals=False):
+        raise UsageError("stopped before training")
+
+    monkeypatch.setattr("fedfactor.job.train", train)
+    before = torch.get_num_threads()
+    try:
+        for cpus, warned in (("2", True), ("1", False)):
+            monkeypatch.setenv("SLURM_CPUS_PER_TASK", cpus)
+            caplog.clear()
+            main(["train", *_sets(tiny), "--out", str(tmp_path / "run"), "--threads", "1"])
+            said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+            assert said == (["torch runs 1 threads on the 2 CPUs SLURM gave this task: set the rule's threads to "
+                             "its cpus_per_task (--set-threads train=2)"] if warned else []), said
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.slow
 def test_train_threads_reach_both_of_torchs_pools_in_a_fresh_process(tmp_path, tiny):
     import os

@@ -10,8 +10,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -71,6 +73,17 @@ def test_profile_is_a_slurm_workflow_profile():
     assert p["retries"] >= 1
 
 
+def test_the_profile_stops_a_run_in_time_to_write_the_largest_planned_checkpoint():
+    """The lead of the train rule's stop signal covers the write of the largest checkpoint any paper
+    study plans (Stand-Alone's 100 VGG-16 models, 50.17 GiB, docs/plan.md) at the plan's write rate."""
+    from fedfactor import plan
+
+    node = plan.profile_node(PROFILE, 1)
+    assert node.lead == 900 and node.runtime == 360 and node.attempts == 4
+    largest = 50.17 * 2**30
+    assert largest / plan.WRITE_BYTES_PER_SECOND <= node.lead + plan.KILL_WAIT_SECONDS
+
+
 def test_script_checks_its_arguments():
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
     assert "start" in _script("--help").stdout
@@ -123,40 +136,92 @@ def slurm():
         _script("stop")
 
 
-def test_a_tiny_study_runs_through_slurm_as_the_profile_says(slurm, tmp_path):
+def _snakemake(study: Path, tmp_path: Path, *options: str) -> list[str]:
+    """Snakemake with the profile on the local cluster: its partition (--default-resources replaces
+    the whole list), squeue instead of sacct (no slurmdbd here) and quick polling for a toy study."""
+    p = _profile()
+    defaults = {**p["default-resources"], "slurm_partition": PARTITION}
+    return [sys.executable, "-m", "snakemake", "--workflow-profile", str(PROFILE.relative_to(REPO)),
+            # --local-cores, not --cores: --cores also caps the threads of every SLURM job (4 -> 2 here)
+            "--configfile", str(study), "--local-cores", "2",
+            "--default-resources", *(f"{k}={v}" for k, v in defaults.items()),
+            "--slurm-status-command", "squeue",
+            "--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2",
+            "--slurm-logdir", str(tmp_path / "slurm_logs"), *options]
+
+
+def _tiny_study(tmp_path: Path, name: str, rounds: int, methods: list[str]) -> Path:
+    """A study of an MLP on digits, 2 clients, one seed, one scenario: `rounds` rounds of each method."""
     study = tmp_path / "study.yaml"
     study.write_text(yaml.safe_dump({
-        "study": "slurm_smoke", "run_config": "config/runs/digits.yaml",
+        "study": name, "run_config": "config/runs/digits.yaml",
         "results": str(tmp_path / "results"), "data_root": str(tmp_path / "data"), "seeds": [0],
-        # as small as a run gets: each SLURM job also starts Snakemake twice (batch script, job step)
         "scenarios": {"iid": {"partition": {"kind": "iid"}, "model": {"name": "mlp"},
-                              "fl": {"rounds": 1, "clients": 2, "epochs": 1}}},
-        "methods": {"fedavg": {"name": "fedavg"}, "local": {"name": "local"}},
+                              "fl": {"rounds": rounds, "clients": 2, "epochs": 1}}},
+        "methods": {m: {"name": m} for m in methods},
     }))
+    return study
+
+
+def _env() -> dict:
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_a_run_signalled_before_its_time_limit_checkpoints_and_its_retry_resumes(slurm, tmp_path):
+    """The profile's way to stop a run (a SIGTERM `--signal=TERM@lead` seconds before the limit, through
+    the executor plugin's batch script and job step) reaches the training process: it checkpoints and
+    exits well before SLURM's kill, and Snakemake's retry resumes from the checkpoint. Catches: the
+    signal sent to the batch shell alone (`B:`), or lost on the way, leaving the run to SLURM's kill."""
+    # a run of about half an hour (the dry run checks it fits 40 attempts of 4 minutes), stopped in the
+    # first minute and a half: SLURM sends the signal up to a minute early, and only to a job step that
+    # exists (Snakemake's starts some seconds into the job)
+    study = _tiny_study(tmp_path, "slurm_stop", 20000, ["fedavg"])
+    train = {"gpu": 0, "runtime": 4, "mem_mb": 4000, "cpus_per_task": 1, "slurm_extra": "'--signal=TERM@150'"}
+    cmd = _snakemake(study, tmp_path, "--set-resources", *(f"train:{k}={v}" for k, v in train.items()),
+                     "--set-threads", "train=1", "--retries", "40", "table")  # a list option must not precede it
+    log = tmp_path / "results" / "slurm_stop" / "logs" / "train" / "iid" / "fedavg" / "seed0.log"
+    with open(tmp_path / "snakemake.log", "w") as out:  # a file: a full pipe would stop Snakemake
+        smk = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=_env())
+        try:
+            deadline = time.monotonic() + 420
+            while not (log.exists() and "resuming" in log.read_text()):
+                assert smk.poll() is None and time.monotonic() < deadline, (tmp_path / "snakemake.log").read_text()
+                time.sleep(2)
+        finally:
+            smk.send_signal(signal.SIGINT)  # as Ctrl-C: Snakemake cancels its jobs (SIGTERM would wait for them)
+            try:
+                smk.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                smk.kill()
+                raise
+    output = (tmp_path / "snakemake.log").read_text()
+    text = log.read_text()
+    stopped = re.search(r"stopped by SIGTERM after round (\d+) of 20000; checkpoint written", text)
+    assert stopped, text[-3000:]
+    assert re.search(rf"resuming .* after round {stopped[1]} of 20000", text), text[-3000:]
+    first = re.findall(r"has been submitted with SLURM jobid (\d+)", output)[0]
+    job = _job(first)
+    # the job ended by the run itself, before the limit: not TIMEOUT, and within 3 of its 4 minutes
+    assert job["JobState"] == "FAILED" and job["Reason"] != "TimeLimit", job
+    assert _minutes(job["RunTime"]) <= 3, job["RunTime"]
+
+
+def test_a_tiny_study_runs_through_slurm_as_the_profile_says(slurm, tmp_path):
+    # as small as a run gets: each SLURM job also starts Snakemake twice (batch script, job step)
+    study = _tiny_study(tmp_path, "slurm_smoke", 1, ["fedavg", "local"])
     out = tmp_path / "results" / "slurm_smoke"
     summaries = [out / "runs" / "iid" / m / "seed0" / "summary.json" for m in ("fedavg", "local")]
     p = _profile()
-    # the partition is the only default to change here; --default-resources replaces the whole list
     defaults = {**p["default-resources"], "slurm_partition": PARTITION}
-    cmd = [
-        sys.executable, "-m", "snakemake", "--workflow-profile", str(PROFILE.relative_to(REPO)),
-        # --local-cores, not --cores: --cores also caps the threads of every SLURM job (4 -> 2 here)
-        "--configfile", str(study), "--local-cores", "2",
-        "--default-resources", *(f"{k}={v}" for k, v in defaults.items()),
-        # no slurmdbd here (sacct fails), and quick polling for a toy study (SLURM.md)
-        "--slurm-status-command", "squeue",
-        "--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2",
-        "--slurm-logdir", str(tmp_path / "slurm_logs"),
-        "--slurm-keep-successful-logs",  # a flag: options taking lists must not precede the target
-        # the runs and their table (the rule, wherever it writes), not `all`: figures and
-        # diagnostics add minutes, not SLURM coverage
-        "table",
-    ]
+    cmd = _snakemake(study, tmp_path,
+                     "--slurm-keep-successful-logs",  # a flag: options taking lists must not precede the target
+                     # the runs and their table (the rule, wherever it writes), not `all`: figures and
+                     # diagnostics add minutes, not SLURM coverage
+                     "table")
     if not slurm["gpus"]:  # no fake GPUs here (mknod refused): the train jobs ask for none
         train = {**p["set-resources"]["train"], "gpu": 0}  # the option replaces the whole list
         cmd[-2:-2] = ["--set-resources", *(f"train:{k}={v}" for k, v in train.items())]
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=_env())
     log = r.stdout + r.stderr
     if r.returncode != 0:
         slurm_logs = "".join(f"\n--- {f}\n{f.read_text()[-2000:]}" for f in (tmp_path / "slurm_logs").rglob("*.log"))

@@ -74,6 +74,11 @@ def _set_threads(n: int) -> None:
         except RuntimeError:  # allowed once a process, before any inter-op work (a second in-process run)
             pass
     log.info("torch threads: %d (inter-op %d)", torch.get_num_threads(), torch.get_num_interop_threads())
+    given = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if given.isdigit() and int(given) != torch.get_num_threads():
+        # the rule's threads (set-threads) and the CPUs it asks SLURM for (cpus_per_task) are set apart
+        log.warning("torch runs %d threads on the %s CPUs SLURM gave this task: set the rule's threads to its "
+                    "cpus_per_task (--set-threads train=%s)", torch.get_num_threads(), given, given)
 
 
 def cmd_train(args) -> None:

@@ -18,9 +18,10 @@ import contextlib
 import copy
 import json
 import math
+import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -28,6 +29,7 @@ import torch
 
 from .config import Config, load_config, read_mapping
 from .errors import UsageError
+from .fl.store import choose
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
@@ -36,9 +38,10 @@ PROFILE = REPO / "profiles" / "slurm"
 MiB = 2**20
 GiB = 2**30
 
-# Peak RSS of a process that imported python, torch and fedfactor and did nothing else
-# (BENCHMARKS.md, memory against K: "python + torch + fedfactor alone: 541 MB", MB = 2**20 bytes).
-PROCESS_BYTES = 541 * MiB
+# Peak RSS of a training process whose model, data and states are negligible: `fedfactor train` of
+# an MLP on digits, 2 clients, one round, tracked in MLflow as a study's runs are (BENCHMARKS.md,
+# "A training process alone": 815 MiB; 721 without tracking, 588 of it the imports).
+PROCESS_BYTES = 815 * MiB
 # Scoring runs batches of this many samples without gradients (fl.train.Trainer.evaluate).
 EVAL_BATCH = 1024
 
@@ -51,6 +54,11 @@ DEVICES = ("cpu", "gpu")
 # the share of that peak a step is taken to reach. An estimate from FLOPs alone: small models, whose
 # steps are bound by kernel launches, take longer than it says.
 GPU_ESTIMATE = ("NVIDIA A100", 19.5e12, 0.3)
+# A checkpoint's write, planned at the slowest rate measured on this project's machine (61 MB/s, 50 GiB
+# VGG-16 states; 61-170 MB/s), must fit between SLURM's stop signal and its SIGKILL: the train rule's
+# lead (`--signal=TERM@SECONDS` in its slurm_extra) plus KillWait (30 s, SLURM's default).
+WRITE_BYTES_PER_SECOND = 60 * 10**6
+KILL_WAIT_SECONDS = 30
 
 
 @dataclass(frozen=True)
@@ -131,7 +139,7 @@ class RunSpec:
 def read_study(paths: Iterable[str | Path]) -> dict[str, Any]:
     """A study file, and files that override it, merged as Snakemake merges --configfile files, with
     the schema's defaults filled in (the workflow's checks of the files apply: workflow.py)."""
-    from snakemake.utils import validate  # type: ignore[import-untyped]
+    from snakemake.utils import validate
 
     from .workflow import check_config_files, check_required_keys, check_study, deep_merge
 
@@ -276,6 +284,7 @@ class Measured:
 
     model: int  # the model's parameters and buffers
     states: int  # what the clients and the server hold once every client has trained
+    server: int  # the server's part of it (which stays on the device whatever store.client_states)
     round_extra: int  # what a round holds on top: uploads kept for aggregate, or the streamed sum
     training: int  # on a GPU: one batched step's (clients trained together) gradients, optimizer state, activations
     training_cpu: int  # on a CPU, where clients train one by one: one client's
@@ -283,6 +292,7 @@ class Measured:
     kept: int  # client_weights.npz: the diagnosed clients' analysed layers (float16)
     how: str  # "measured", or why a part is a bound
     cost: StepCost | None = None  # timed where asked (`measure(cfg, timed=True)`)
+    together: int = 1  # clients whose states a GPU holds at once while they train (batched clients)
 
 
 def _round_all_clients(sim: Any) -> str:
@@ -329,12 +339,19 @@ def measure(cfg: Config, timed: bool = False) -> Measured:
         own = {key: t for key, t in sim.states[0].items() if key not in dropped}
         states = model + members * tensor_bytes([own]) + tensor_bytes([sim.server])
         upload = model
+    params = sum(p.numel() * p.element_size() for p in sim.model.parameters() if p.requires_grad)
+    if getattr(getattr(sim.method, "hp", None), "keep_optimizer", False):
+        # A client that keeps its optimizer's state from round to round (Factorized-FL's and pFedGate's
+        # code) holds it beside its weights, in the checkpoint too; a dry round trains nothing, so it
+        # is counted here: momentum one copy, Adam's moments two.
+        states += members * {"sgd": 1 if cfg.fl.momentum > 0 else 0, "adam": 2}[cfg.fl.optimizer] * params
     sampled = len(sim.sample(1))
     # Streamed (the base aggregate): one upload at a time and the float64 sum; otherwise every upload
     # of the round until aggregate.
     round_extra = upload + 2 * upload if sim._stream else sampled * upload
-    params = sum(p.numel() * p.element_size() for p in sim.model.parameters() if p.requires_grad)
-    optimizer = {"sgd": 1 if cfg.fl.momentum > 0 else 0, "adam": 2}[cfg.fl.optimizer]
+    # the optimizer's state (momentum; Adam's two moments) and the temporaries of torch's foreach
+    # step: Adam's square root of its second moment, and the gradients plus weight decay
+    optimizer = {"sgd": 1 if cfg.fl.momentum > 0 else 0, "adam": 3}[cfg.fl.optimizer] + (cfg.fl.weight_decay > 0)
     info = sim.ctx.input_shape
     net = sim.model
     try:
@@ -377,7 +394,8 @@ def measure(cfg: Config, timed: bool = False) -> Measured:
         if key not in _COSTS:
             _COSTS[key] = step_cost(net, info, d.input == "tokens", cfg, augment)
         cost = _COSTS[key]
-    return Measured(model, states, round_extra, training, training_cpu, checkpoint, kept, how, cost)
+    return Measured(model, states, tensor_bytes([sim.server]), round_extra, training, training_cpu, checkpoint, kept,
+                    how, cost, together)
 
 
 @dataclass(frozen=True)
@@ -512,12 +530,32 @@ class Group:
     step_key: tuple[str, tuple[int, int, int], int]
     fits: str = ""  # why it cannot fit the requested memory, or ""
     scored: int = 0  # samples scored by all its runs
+    where: str = "device"  # where the clients' states wait on the node (store.client_states: auto's choice)
 
     @property
     def disk(self) -> int:
         """A run's peak disk: a new checkpoint is written beside the last one, which it replaces once
-        complete (job._Checkpoints), and the diagnosed clients' weights stay."""
-        return 2 * self.memory.checkpoint + self.memory.kept
+        complete (job._Checkpoints), the diagnosed clients' weights stay, and the disk store's files."""
+        states = self.memory.states - self.memory.server if self.where == "disk" else 0
+        return 2 * self.memory.checkpoint + self.memory.kept + states
+
+
+def placed(g: Group, node: Node) -> Group:
+    """The group with its clients' states where `auto` keeps them on the node (fl.store.choose, with the
+    node's GPU and host memory) and its needs as they follow: off the device a GPU holds only the
+    clients it trains at once; in host memory the host holds them all; on disk the host holds one
+    client's at a time and the disk holds them all (Group.disk)."""
+    clients = g.memory.states - g.memory.server
+    where = choose(g.memory.states, bool(node.gpus), node.device_memory if node.gpus else None, node.memory)
+    if where == "device":
+        return g
+    # Besides the clients it trains at once, the run's device keeps the initial model, which the
+    # clients not yet trained share in every store.
+    one = clients // max(g.clients, 1)
+    if node.gpus:
+        return replace(g, where=where, device=g.device - clients + min(g.memory.together, g.clients) * one
+                       + g.memory.model, host_gpu=g.host_gpu + (clients if where == "host" else one))
+    return replace(g, where=where, host_cpu=g.host_cpu - clients + one + g.memory.model)
 
 
 def local_steps(cfg: Config, facts: DatasetFacts) -> int:
@@ -587,6 +625,15 @@ class Node:
     disk: int | None = None  # a run's disk, in bytes (disk_mb of the train rule); None: not requested
     runtime: int | None = None  # the train rule's time limit in minutes; None: none
     attempts: int = 1  # a job's attempts: the profile's retries + 1
+    lead: int = 0  # seconds between SLURM's stop signal and the time limit (--signal=TERM@lead)
+
+
+def signal_lead(slurm_extra: Any) -> int:
+    """The seconds before its time limit at which SLURM signals a job to stop: the lead of a
+    `--signal=[B:]TERM@SECONDS` among the train rule's sbatch options (slurm_extra), else 0: the
+    SIGTERM comes at the limit."""
+    found = re.search(r"--signal[= ](?:[BR]+:)?(?:SIG)?(?:TERM|15)@(\d+)", str(slurm_extra or ""))
+    return int(found[1]) if found else 0
 
 
 def profile_node(profile: str | Path | None, gpus_per_job: int, device_memory: int | None = None) -> Node:
@@ -605,7 +652,7 @@ def profile_node(profile: str | Path | None, gpus_per_job: int, device_memory: i
     runtime = train.get("runtime", default.get("runtime"))
     return Node(None if mem is None else int(mem) * 10**6, int(gpus), str(path), device_memory,
                 None if disk is None else int(disk) * 10**6, None if runtime is None else int(runtime),
-                int(doc.get("retries", 0)) + 1)
+                int(doc.get("retries", 0)) + 1, signal_lead(train.get("slurm_extra", default.get("slurm_extra"))))
 
 
 def _run_config(run_config: str, sets: list[str]) -> Config:
@@ -647,6 +694,7 @@ def plan_study(paths: list[str], node_for: Callable[[dict], Node] | None = None)
     plan.groups = list(groups.values())
     node = node_for(config) if node_for else None
     if node is not None:
+        plan.groups = [placed(g, node) for g in plan.groups]
         for g in plan.groups:
             g.fits = fit_problem(g, node)
             if g.fits:
@@ -681,8 +729,8 @@ def _group(cfg: Config, facts: DatasetFacts, key: str, name: str, kind: str = "f
 
 
 def fit_problem(g: Group, node: Node) -> str:
-    """Why a group's runs cannot fit the node, or "": host memory, GPU memory, disk, each naming the
-    setting to change."""
+    """Why a group's runs cannot fit the node, or "": host memory, GPU memory, disk, and under a time
+    limit the checkpoint's write at the stop signal, each naming the setting to change."""
     host = g.host_gpu if node.gpus else g.host_cpu
     if node.memory is not None and host > node.memory:
         return (f"needs {gib(host)} of host memory, the train rule requests {gib(node.memory)} ({node.source})")
@@ -692,6 +740,12 @@ def fit_problem(g: Group, node: Node) -> str:
     if node.disk is not None and g.disk > node.disk:
         return (f"needs {gib(g.disk)} of disk (its checkpoint, {gib(g.memory.checkpoint)}, twice while a new one "
                 f"is written), the train rule requests {gib(node.disk)} (disk_mb): raise disk_mb")
+    write = g.memory.checkpoint / WRITE_BYTES_PER_SECOND
+    if node.runtime is not None and write > node.lead + KILL_WAIT_SECONDS:
+        return (f"writes a checkpoint of {gib(g.memory.checkpoint)} when stopped at its time limit, about "
+                f"{write:,.0f} s at {WRITE_BYTES_PER_SECOND // 10**6} MB/s, and SLURM kills it "
+                f"{node.lead + KILL_WAIT_SECONDS} s after its stop signal: give the train rule's slurm_extra "
+                f"--signal=TERM@{math.ceil(write / 60) * 60}")
     return ""
 
 
@@ -726,13 +780,16 @@ def runtime_problem(plan: StudyPlan, node: Node) -> str:
     if node.runtime is None or not plan.groups:
         return ""
     where = "gpu" if node.gpus else "cpu"
-    longest = max(group_hours(g, where)[0] / g.runs for g in plan.groups)
-    budget = node.runtime / 60 * node.attempts
-    if longest <= budget:
+    return over_runtime("its longest run", max(group_hours(g, where)[0] / g.runs for g in plan.groups), node)
+
+
+def over_runtime(run: str, hours: float, node: Node) -> str:
+    """Why a run of `hours` does not fit the train rule's runtime over its attempts, or ""."""
+    if node.runtime is None or hours <= node.runtime / 60 * node.attempts:
         return ""
-    return (f"its longest run takes {longest:,.1f} h on one {'GPU' if node.gpus else 'CPU thread'}, over "
+    return (f"{run} takes {hours:,.1f} h on one {'GPU' if node.gpus else 'CPU thread'}, over "
             f"{node.attempts} attempts of runtime {node.runtime} min: set train:runtime to at least "
-            f"{math.ceil(longest * 60 / node.attempts)} (or raise retries)")
+            f"{math.ceil(hours * 60 / node.attempts)} (or raise retries)")
 
 
 # ---------------------------------------------------------------------------------------- output
@@ -782,7 +839,7 @@ def group_rows(plan: StudyPlan) -> list[dict[str, Any]]:
              "model_bytes": g.memory.model, "states_bytes": g.memory.states, "round_bytes": g.memory.round_extra,
              "training_bytes": g.memory.training, "host_bytes_cpu_run": g.host_cpu, "host_bytes_gpu_run": g.host_gpu,
              "device_bytes": g.device, "checkpoint_bytes": g.memory.checkpoint, "kept_bytes": g.memory.kept,
-             "memory": g.memory.how, "cannot_fit": g.fits} for g in plan.groups]
+             "memory": g.memory.how, "client_states": g.where, "cannot_fit": g.fits} for g in plan.groups]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -816,10 +873,10 @@ def summary_table(plans: list[StudyPlan]) -> str:
 
 def groups_table(plan: StudyPlan) -> str:
     header = ["runs", "kind", "scenario/method", "dataset", "model", "method", "clients", "batch", "local steps",
-              "states", "round", "training", "host/run CPU", "host/run GPU", "GPU mem", "checkpoint", "memory"]
+              "states", "where", "round", "training", "host/run CPU", "host/run GPU", "GPU mem", "checkpoint", "memory"]
     rows = [[f"{r['runs']:,}", r["kind"], r["first"] + (f" +{r['more']}" if r["more"] else ""), r["dataset"],
              r["model"], r["method"], f"{r['clients']:,}", str(r["batch"]), f"{r['local_steps']:,}",
-             gib(r["states_bytes"]), gib(r["round_bytes"]), gib(r["training_bytes"]), gib(r["host_bytes_cpu_run"]),
+             gib(r["states_bytes"]), r["client_states"], gib(r["round_bytes"]), gib(r["training_bytes"]), gib(r["host_bytes_cpu_run"]),
              gib(r["host_bytes_gpu_run"]), gib(r["device_bytes"]), gib(r["checkpoint_bytes"]),
              "measured" if r["memory"] == "measured" else "bound"] for r in group_rows(plan)]
     return _table(header, rows)
@@ -838,10 +895,11 @@ def study_files(all_studies: bool, study: list[str] | None) -> list[list[str]]:
 
 def check_memory(study: str, run_config: str, runs: Iterable[tuple[str, list[str]]], node: Node) -> None:
     """The workflow's check at DAG build: each run group's planned needs (`fedfactor plan`) against
-    what the profile or command line requests of the train rule: host memory, GPU memory, disk. The
-    first run that cannot fit ends the build in one line naming the study, the run, the need and the
-    setting to change. Each group is measured once."""
-    if node.memory is None and node.device_memory is None and node.disk is None:
+    what the profile or command line requests of the train rule: host memory, GPU memory, disk, and
+    under a time limit the run's hours (timed here on a CPU, from FLOPs on a GPU) over its attempts and
+    its checkpoint's write at the stop signal. The first run that cannot fit ends the build in one line
+    naming the study, the run, the need and the setting to change. Each group is measured once."""
+    if node.memory is None and node.device_memory is None and node.disk is None and node.runtime is None:
         return
     seen: set[str] = set()
     for name, sets in runs:
@@ -850,7 +908,12 @@ def check_memory(study: str, run_config: str, runs: Iterable[tuple[str, list[str
         if key in seen:
             continue
         seen.add(key)
-        problem = fit_problem(_group(cfg, dataset_facts(cfg.data.name, cfg.data.root), key, name), node)
+        facts = dataset_facts(cfg.data.name, cfg.data.root)
+        timed = node.runtime is not None
+        g = placed(_group(cfg, facts, key, name, steps=local_steps(cfg, facts), timed=timed), node)
+        g.scored = scored_samples(cfg, facts)
+        problem = fit_problem(g, node) or (timed and over_runtime("it", group_hours(g, "gpu" if node.gpus else "cpu")[0],
+                                                                  node))
         if problem:
             where = "on a GPU" if node.gpus else "on the CPU"
             raise UsageError(f"study {study}: {name} {problem} ({where}; `fedfactor plan` says why)")
@@ -860,35 +923,60 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def requested_resource(settings: Any, rule: str, name: str) -> int | None:
-    """A number the command line or profile requests for `rule` (--set-resources, else
-    --default-resources), or None where none is given or it is an expression evaluated per job."""
+def _requested(settings: Any, rule: str, name: str) -> Iterator[Any]:
+    """The values the command line or profile gives `name` for `rule`: --set-resources first, then
+    --default-resources; none for an expression Snakemake evaluates per job."""
     for mapping in (settings.overwrite_resources.get(rule), settings.default_resources):
         try:
             value = mapping[name]
         except (KeyError, TypeError):  # not given, or no mapping at all
             continue
         try:
-            value = getattr(value, "value", value)  # Snakemake's Resource
+            yield getattr(value, "value", value)  # Snakemake's Resource
         except ValueError:  # an expression (Snakemake's default disk_mb) it evaluates per job
             continue
+
+
+def requested_resource(settings: Any, rule: str, name: str) -> int | None:
+    """A number the command line or profile requests for `rule` (--set-resources, else
+    --default-resources), or None where none is given or it is an expression evaluated per job."""
+    for value in _requested(settings, rule, name):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return int(value)
     return None
 
 
+def snakemake_retries(argv: list[str], workdir: Path) -> int:
+    """The retries of the Snakemake command `argv`: its --retries (or --restart-times), else its
+    workflow profile's (--workflow-profile, profiles/default where none is named), else 0. Snakemake
+    sets its own value only after it has read the Snakefile, where the dry run's checks run."""
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--retries", "--restart-times", type=int)
+    parser.add_argument("--workflow-profile")
+    known, _ = parser.parse_known_args(argv)
+    if known.retries is not None:
+        return known.retries
+    profile = workdir / (known.workflow_profile or "profiles/default") / "config.yaml"
+    doc = read_mapping(profile) if profile.is_file() else {}
+    return int(doc.get("retries", doc.get("restart-times", 0)))
+
+
 def check_run_memory(config: dict[str, Any], run_config: str, runs: Iterable[tuple[str, list[str]]],
-                     settings: Any) -> None:
+                     settings: Any, retries: int = 0) -> None:
     """Every run group's planned needs (`fedfactor plan`) against what the active profile or command
     line requests of the train rule: mem_mb, gpu_mem_mb (a GPU's memory, which SLURM does not know:
-    declared for this check) and disk_mb; nothing to check where none is requested (the default local
-    profile). With GPUs requested, the host holds the data while it loads."""
-    mem_mb, gpu_mem_mb, disk_mb = (requested_resource(settings, "train", key)
-                                   for key in ("mem_mb", "gpu_mem_mb", "disk_mb"))
-    if mem_mb is None and gpu_mem_mb is None and disk_mb is None:
+    declared for this check), disk_mb, and runtime over `retries` + 1 attempts with the lead of its
+    stop signal (slurm_extra); nothing to check where none is requested (the default local profile).
+    With GPUs requested, the host holds the data while it loads."""
+    mem_mb, gpu_mem_mb, disk_mb, runtime = (requested_resource(settings, "train", key)
+                                            for key in ("mem_mb", "gpu_mem_mb", "disk_mb", "runtime"))
+    if mem_mb is None and gpu_mem_mb is None and disk_mb is None and runtime is None:
         return
     gpus = requested_resource(settings, "train", "gpu")
+    extra = next(_requested(settings, "train", "slurm_extra"), None)
     node = Node(None if mem_mb is None else mem_mb * 10**6, config["gpus_per_job"] if gpus is None else gpus,
                 f"mem_mb={mem_mb} of the train rule", None if gpu_mem_mb is None else gpu_mem_mb * 10**6,
-                None if disk_mb is None else disk_mb * 10**6)
+                None if disk_mb is None else disk_mb * 10**6, runtime, retries + 1, signal_lead(extra))
     check_memory(config["study"], run_config, runs, node)

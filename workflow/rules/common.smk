@@ -1,13 +1,15 @@
 import json
 import re
 import shlex
+import sys
+from pathlib import Path
 
 from snakemake.settings.types import DeploymentMethod
 
 from fedfactor import tuning
 from fedfactor.config import load_config
 from fedfactor.report.spec import SMOKE_TITLE
-from fedfactor.plan import check_run_memory
+from fedfactor.plan import check_run_memory, snakemake_retries
 from fedfactor.workflow import (check_results_folder, check_runs, check_study, dataset_name, implemented, method_entry,
                                 method_sets, partition_sets, run_sets, scenario_overrides, selected, slug, study_folder,
                                 study_spec, tuning_file)

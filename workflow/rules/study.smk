@@ -113,8 +113,10 @@ try:
     # A job step (SLURM) parses this file again: the main process has checked the runs.
     if workflow.is_main_process:
         check_runs(RUN_CONFIG, checked_runs())
-        # a run that cannot fit the memory the train rule requests is refused before any job is queued
-        check_run_memory(config, RUN_CONFIG, checked_runs(), workflow.resource_settings)
+        # a run that cannot fit the memory, disk or time the train rule requests is refused before any
+        # job is queued
+        check_run_memory(config, RUN_CONFIG, checked_runs(), workflow.resource_settings,
+                         snakemake_retries(sys.argv, Path(workflow.basedir)))
     # the dataset of each scenario, whose prepare_data job the partitions wait for
     DATASETS = {s: dataset_name(RUN_CONFIG, OVERRIDES[s]) for s in SCENARIOS}
 except UsageError as e:
