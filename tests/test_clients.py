@@ -82,7 +82,7 @@ def _scored(cfg, y, n_official, owners, splits):
     from fedfactor.clients import build_partition, client_split, held_out_clients
 
     part = build_partition(cfg, y, n_official, int(y.max()) + 1, owners)
-    assert set(held_out_clients(cfg)) <= set(range(cfg.fl.clients))
+    assert set(held_out_clients(cfg.fl.clients, cfg.eval.new_clients, cfg.seed)) <= set(range(cfg.fl.clients))
     shared = cfg.eval.test_pool == "shared"
     return np.concatenate([client_split(part, y, k, s, shared, torch.device("cpu")).idx.numpy()
                            for k in range(cfg.fl.clients) for s in splits])
@@ -123,6 +123,8 @@ def test_a_partition_cut_with_another_data_seed_is_refused(tmp_path):
     y = np.repeat(np.arange(4), 50)
     cfg = load_config(None, ["fl.clients=4", "data.seed=3", f"partition.file={tmp_path / 'p.json'}"])
     build_partition(cfg, y, len(y), 4).save(tmp_path / "p.json", y)
-    assert read_partition(cfg).meta["data_seed"] == 3
+    assert read_partition(cfg.partition.file, 4, 3).meta["data_seed"] == 3
     with pytest.raises(UsageError, match=r"was cut with data.seed=3, but the run has data.seed=4"):
-        read_partition(load_config(None, ["fl.clients=4", "data.seed=4", f"partition.file={tmp_path / 'p.json'}"]))
+        read_partition(cfg.partition.file, 4, 4)
+    with pytest.raises(UsageError, match=r"has 4 clients but fl.clients is 5"):
+        read_partition(cfg.partition.file, 5, 3)

@@ -29,7 +29,7 @@ def _checkpoints(monkeypatch, tmp_path, *sets):
     clock = {"now": 0.0}
     monkeypatch.setattr(job, "_clock", lambda: clock["now"])
     cfg = load_config(None, [*TINY, *sets])
-    return job._Checkpoints(cfg, tmp_path, None, {}, [], None, "run"), clock
+    return job._Checkpoints(cfg.checkpoint, tmp_path, None, {}, [], None, "run"), clock
 
 
 def test_a_checkpoint_falls_due_every_few_rounds(monkeypatch, tmp_path):
@@ -84,7 +84,7 @@ def _record(rnd, skipped=()):
 def test_a_round_leaves_its_row_its_arrays_its_metrics_and_a_checkpoint_when_due(tmp_path, keep):
     cfg = load_config(None, [*TINY, "fl.rounds=3", f"checkpoint.keep={str(keep).lower()}"])
     tracker, checkpoints = _Recorder(), _Recorder(due={2})
-    outputs = job._RoundOutputs(cfg, tmp_path, [], tracker, checkpoints, "run")
+    outputs = job._RoundOutputs(cfg.fl.rounds, cfg.checkpoint.keep, tmp_path, [], tracker, checkpoints, "run")
     for rnd in (1, 2, 3):
         outputs(_record(rnd))
     metrics = pd.read_csv(tmp_path / "metrics.csv")
@@ -147,7 +147,7 @@ def _saved(tmp_path, *sets):
     sim = Simulator(cfg)
     sim.run()
     fp = job.fingerprint(cfg)
-    ck = job._Checkpoints(cfg, tmp_path, sim, fp, [1], SimpleNamespace(run_id="mlflow-run"), "run")
+    ck = job._Checkpoints(cfg.checkpoint, tmp_path, sim, fp, [1], SimpleNamespace(run_id="mlflow-run"), "run")
     ck.save()
     return sim, fp, ck.path
 

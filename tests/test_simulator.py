@@ -315,11 +315,27 @@ def test_clients_whose_states_cannot_fit_in_memory_are_refused_before_training(m
     cfg = load_config(None, ["data.name=digits", "fl.clients=4", "model.name=mlp", "tracking.enabled=false", *extra])
     model_bytes = (64 * 200 + 200 + 200 * 10 + 10) * 4
     monkeypatch.setattr(simulator, "memory_bytes", lambda device: copies * model_bytes - 1)
-    with pytest.raises(UsageError, match=rf"fl.clients=4 clients x {0.1 if copies > 1 else 0:.1f} MiB of a 0.1 MiB "
+    with pytest.raises(UsageError, match=rf"^4 clients trained x {0.1 if copies > 1 else 0:.1f} MiB of a 0.1 MiB "
                                          r"model kept per client = 0.0 GiB of client states"):
         Simulator(cfg)
     monkeypatch.setattr(simulator, "memory_bytes", lambda device: copies * model_bytes)
     Simulator(cfg)
+
+
+def test_only_the_clients_a_run_can_train_count_against_its_store(monkeypatch):
+    """A client holds a state of its own once trained: one round of one client in four needs the
+    model and one client's state, not four. Catches: a short rehearsal of a large run (one round of
+    100 VGG-16 clients) refused for the states of clients it never trains."""
+    import fedfactor.simulator as simulator
+
+    sets = ["data.name=digits", "fl.clients=4", "model.name=mlp", "tracking.enabled=false", "method.name=local"]
+    model_bytes = (64 * 200 + 200 + 200 * 10 + 10) * 4
+    monkeypatch.setattr(simulator, "memory_bytes", lambda device: 2 * model_bytes)
+    Simulator(load_config(None, [*sets, "fl.rounds=1", "fl.fraction=0.25"]))
+    with pytest.raises(UsageError, match=r"^2 clients trained x"):  # two rounds may train two clients
+        Simulator(load_config(None, [*sets, "fl.rounds=2", "fl.fraction=0.25"]))
+    with pytest.raises(UsageError, match=r"^4 clients trained x"):  # one round of every client
+        Simulator(load_config(None, [*sets, "fl.rounds=1", "fl.fraction=1.0"]))
 
 
 def test_token_inputs_refuse_image_augmentation():

@@ -181,7 +181,9 @@ def test_a_run_signalled_before_its_time_limit_checkpoints_and_its_retry_resumes
                      "--set-threads", "train=1", "--retries", "40", "table")  # a list option must not precede it
     log = tmp_path / "results" / "slurm_stop" / "logs" / "train" / "iid" / "fedavg" / "seed0.log"
     with open(tmp_path / "snakemake.log", "w") as out:  # a file: a full pipe would stop Snakemake
-        smk = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=_env())
+        # SIGINT as Snakemake's default: an xdist worker ignores it, and its children would inherit that
+        smk = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=_env(),
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             deadline = time.monotonic() + 420
             while not (log.exists() and "resuming" in log.read_text()):

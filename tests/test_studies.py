@@ -23,7 +23,7 @@ from fedfactor.config import load_config
 from fedfactor.data import dataset_info, task_label_maps
 from fedfactor.models import build_model, resolve_layers
 from fedfactor.methods import METHODS, build
-from fedfactor.workflow import method_entry, method_sets, run_sets, scenario_overrides
+from fedfactor.workflow import method_entry, run_sets, scenario_sets, study_runs
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
@@ -53,10 +53,12 @@ def _run_studies():
 
 
 def _sets(study: dict, scenario: str, label: str | None = None) -> list[str]:
-    """The `--set` arguments the train rule passes (workflow/rules/study.smk, train_sets)."""
-    overrides = scenario_overrides(study, scenario)
-    sets = run_sets(overrides, scenario=scenario, data={"root": study.get("data_root", "data")})
-    return sets + (method_sets(method_entry(study, scenario, label), label) if label else [])
+    """The `--set` arguments the train rule passes, as the study's expansion gives them
+    (workflow.study_runs): a scenario's, or a method's in it (at the study's own values)."""
+    study = {**study, "data_root": study.get("data_root", "data")}
+    if label is None:
+        return scenario_sets(study, scenario)
+    return next(r.sets for r in study_runs(study) if r.kind == "final" and (r.scenario, r.method) == (scenario, label))
 
 
 @pytest.mark.parametrize("path", STUDY_FILES, ids=_name)

@@ -51,26 +51,27 @@ def client_domains(label_maps: np.ndarray) -> list[int]:
     return [ids[t] for t in tasks]
 
 
-def held_out_clients(cfg: Config) -> list[int]:
-    """The clients held out of training (eval.new_clients): never sampled, scored only as new clients."""
-    K = cfg.fl.clients
-    held = int(round(cfg.eval.new_clients * K))
+def held_out_clients(K: int, share: float, seed: int) -> list[int]:
+    """The clients held out of training, `share` of the K (eval.new_clients), drawn from the run's seed:
+    never sampled, scored only as new clients."""
+    held = int(round(share * K))
     if held >= K:
-        raise UsageError(f"eval.new_clients={cfg.eval.new_clients} holds out all {K} clients; lower it")
-    rng = np.random.default_rng(derive_seed(cfg.seed, 2**31 + 2))
+        raise UsageError(f"eval.new_clients={share} holds out all {K} clients; lower it")
+    rng = np.random.default_rng(derive_seed(seed, 2**31 + 2))
     return sorted(rng.choice(K, size=held, replace=False).tolist()) if held else []
 
 
-def read_partition(cfg: Config) -> Partition:
-    part = Partition.load(cfg.partition.file)
-    if part.num_clients != cfg.fl.clients:
-        raise UsageError(f"partition {cfg.partition.file} has {part.num_clients} clients "
-                         f"but fl.clients is {cfg.fl.clients}")
+def read_partition(file: str, clients: int, data_seed: int) -> Partition:
+    """The run's partition file (partition.file), refused unless it was made for its `clients`
+    (fl.clients) from the cut of its `data_seed` (data.seed)."""
+    part = Partition.load(file)
+    if part.num_clients != clients:
+        raise UsageError(f"partition {file} has {part.num_clients} clients but fl.clients is {clients}")
     cut = part.meta.get("data_seed")
-    if cut is not None and cut != cfg.data.seed:
+    if cut is not None and cut != data_seed:
         # another cut's test samples may be this run's train samples
-        raise UsageError(f"partition {cfg.partition.file} was cut with data.seed={cut}, but the run has "
-                         f"data.seed={cfg.data.seed}; make the partition again with the run's data.seed")
+        raise UsageError(f"partition {file} was cut with data.seed={cut}, but the run has "
+                         f"data.seed={data_seed}; make the partition again with the run's data.seed")
     return part
 
 
@@ -81,7 +82,7 @@ def load_clients(cfg: Config, num_classes: int,
     ds = load_dataset(cfg.data.name, cfg.data.root, download=cfg.data.download, device=device)
     y = ds.y.cpu().numpy()
     if cfg.partition.file:
-        partition = read_partition(cfg)
+        partition = read_partition(cfg.partition.file, cfg.fl.clients, cfg.data.seed)
         partition.check_labels(y, str(cfg.partition.file))
         partition.validate(y, str(cfg.partition.file))
     else:

@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 import yaml
 
-from .config import Config, flatten
+from .config import CheckpointConfig, Config, flatten
 from .environment import versions
 from .errors import Interrupted, RunFailed, UsageError
 from .records import RoundRecord, Scores
@@ -329,12 +329,12 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
     environment = versions(sim.device)
     params, tags, run_name = run_identity(cfg, out, environment)
     tracker = Tracker(cfg.tracking, out, params, tags, run_name)
-    checkpoints = _Checkpoints(cfg, out, sim, fp, resumed, tracker, run_name)
+    checkpoints = _Checkpoints(cfg.checkpoint, out, sim, fp, resumed, tracker, run_name)
     rows = [r.metrics() for r in sim.records]
     if rows:  # rounds after the checkpoint that a killed job had written are recomputed
         atomic_write_text(out / "metrics.csv", pd.DataFrame(rows).to_csv(index=False))
     try:
-        sim.run(_RoundOutputs(cfg, out, rows, tracker, checkpoints, run_name))
+        sim.run(_RoundOutputs(cfg.fl.rounds, cfg.checkpoint.keep, out, rows, tracker, checkpoints, run_name))
         summary = _summarise(cfg, out, sim, resumed, tracker, environment, run_name)
     except Interrupted as e:
         kept = checkpoints.on_stop()  # first: MLflow may be slow to answer, and the kill is coming
@@ -391,9 +391,9 @@ class _Checkpoints:
     """When the run's checkpoint falls due (`checkpoint.every` rounds, `checkpoint.minutes`, and never
     while writing it takes more than `checkpoint.max_share` of the time), and writing it."""
 
-    def __init__(self, cfg: Config, out: Path, sim: Simulator, fp: dict, resumed: list[int], tracker: Tracker,
-                 run_name: str):
-        self.cfg, self.out, self.sim, self.fp, self.resumed = cfg.checkpoint, out, sim, fp, resumed
+    def __init__(self, settings: CheckpointConfig, out: Path, sim: Simulator, fp: dict, resumed: list[int],
+                 tracker: Tracker, run_name: str):
+        self.cfg, self.out, self.sim, self.fp, self.resumed = settings, out, sim, fp, resumed
         self.tracker, self.run_name = tracker, run_name
         self.path = out / CHECKPOINT
         self.last_at, self.took = _clock(), 0.0  # when the last checkpoint was written, and its seconds
@@ -440,10 +440,10 @@ class _RoundOutputs:
     go to metrics.csv and MLflow, its arrays to diagnostics/<name>/, a line to the log, and the
     checkpoint when it falls due."""
 
-    def __init__(self, cfg: Config, out: Path, rows: list[dict], tracker: Tracker, checkpoints: _Checkpoints,
-                 run_name: str):
+    def __init__(self, rounds: int, keep: bool, out: Path, rows: list[dict], tracker: Tracker,
+                 checkpoints: _Checkpoints, run_name: str):
         self.out, self.rows, self.tracker, self.checkpoints, self.run_name = out, rows, tracker, checkpoints, run_name
-        self.rounds, self.keep = cfg.fl.rounds, cfg.checkpoint.keep
+        self.rounds, self.keep = rounds, keep  # fl.rounds, checkpoint.keep
 
     def __call__(self, rec: RoundRecord) -> None:
         row = rec.metrics()
@@ -490,7 +490,7 @@ def _summarise(cfg: Config, out: Path, sim: Simulator, resumed: list[int], track
         new_clients = {"clients": sim.newcomers, "strategies": {
             name: {"accuracy_mean": sc.mean, "accuracy_weighted": sc.weighted, "per_client": sc.per_client.tolist()}
             for name, sc in scored.items()}}
-    analysed, analysed_clients = save_client_weights(cfg, sim, out / WEIGHTS_FILE)
+    analysed, analysed_clients = save_client_weights(cfg.diagnostics.keep_weights, sim, out / WEIGHTS_FILE)
     scores = summarize(sim.records, cfg.eval.report)
     chance = chance_accuracy(sim, cfg.eval.report)
     warnings = _run_warnings(sim, scores["accuracy"], chance)

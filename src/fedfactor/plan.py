@@ -30,6 +30,8 @@ import torch
 from .config import Config, load_config, read_mapping
 from .errors import UsageError
 from .fl.store import choose
+from .workflow import StudyRun
+from .workflow import study_runs as workflow_study_runs
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
@@ -39,9 +41,10 @@ MiB = 2**20
 GiB = 2**30
 
 # Peak RSS of a training process whose model, data and states are negligible: `fedfactor train` of
-# an MLP on digits, 2 clients, one round, tracked in MLflow as a study's runs are (BENCHMARKS.md,
-# "A training process alone": 815 MiB; 721 without tracking, 588 of it the imports).
-PROCESS_BYTES = 815 * MiB
+# an MLP on digits, 2 clients, one round, tracked in MLflow as a study's runs are, in a fresh install
+# as .ci/run makes it (BENCHMARKS.md, "A training process alone": 966 MiB; 815 in the development
+# environment, whose torch maps 118 MiB less at import).
+PROCESS_BYTES = 966 * MiB
 # Scoring runs batches of this many samples without gradients (fl.train.Trainer.evaluate).
 EVAL_BATCH = 1024
 
@@ -126,16 +129,6 @@ def dataset_facts(name: str, root: str) -> DatasetFacts:
 
 # ------------------------------------------------------------------------------- a study's runs
 
-@dataclass
-class RunSpec:
-    """Runs that differ by their seed alone: `seeds` runs of one scenario, method (and tuning point)."""
-
-    kind: str  # "final" or "tuning"
-    name: str  # "scenario/method" or "scenario/method@pI"
-    sets: list[str]
-    seeds: int
-
-
 def read_study(paths: Iterable[str | Path]) -> dict[str, Any]:
     """A study file, and files that override it, merged as Snakemake merges --configfile files, with
     the schema's defaults filled in (the workflow's checks of the files apply: workflow.py)."""
@@ -162,40 +155,22 @@ def read_study(paths: Iterable[str | Path]) -> dict[str, Any]:
     return config
 
 
-def study_runs(config: dict[str, Any]) -> list[RunSpec]:
-    """Every run the study's workflow trains, as study.smk expands them: scenarios x implemented methods
-    x seeds (the values chosen on validation where the study is tuned and they can be read), and the
-    tuning runs, scenarios x methods x grid points x tuning seeds."""
+def study_runs(config: dict[str, Any]) -> list[StudyRun]:
+    """Every run the study's workflow trains (workflow.study_runs), the final runs at the values chosen
+    on validation where the study is tuned and they can be read, else at the study's own."""
     from . import tuning
-    from .workflow import (implemented, method_entry, method_sets, run_sets, scenario_overrides, selected,
-                           tuning_file)
+    from .workflow import implemented, selected, tuning_file
 
-    if "simulation" in config:
-        return []
-    scenarios = selected(config, "scenarios")
-    listed = implemented(config, selected(config, "methods"))
-    methods = [m for m, ok in listed.items() if ok]
     tuned: dict[str, dict[str, dict]] | None = None
-    tune = config["tuning"] if tuning_file(config) else None
+    tune = config["tuning"] if tuning_file(config) and "simulation" not in config else None
     if tune:
+        listed = implemented(config, selected(config, "methods"))
         try:
-            chosen_file = {**tune, "file": str(_repo_path(tune["file"]))}
-            tuned = tuning.read_chosen(chosen_file, scenarios, methods)
+            tuned = tuning.read_chosen({**tune, "file": str(_repo_path(tune["file"]))}, selected(config, "scenarios"),
+                                       [m for m, ok in listed.items() if ok])
         except UsageError:  # not tuned yet: the final runs' settings are the study's own
             tuned = None
-    specs = []
-    for s in scenarios:
-        base = run_sets(scenario_overrides(config, s), scenario=s, data={"root": config["data_root"]})
-        for m in methods:
-            entry = method_entry(config, s, m)
-            final = tuning.with_values(entry, tuned[s][m]) if tuned else entry
-            specs.append(RunSpec("final", f"{s}/{m}", [*base, *method_sets(final, m)], len(config["seeds"])))
-            if tune:
-                for i, values in enumerate(tuning.points(tune, m)):
-                    specs.append(RunSpec("tuning", f"{s}/{m}@{tuning.point_name(i)}",
-                                         [*base, *method_sets(tuning.with_values(entry, values), m)],
-                                         len(tune["seeds"])))
-    return specs
+    return workflow_study_runs(config, tuned)
 
 
 def _repo_path(path: str | Path) -> Path:
@@ -677,17 +652,18 @@ def plan_study(paths: list[str], node_for: Callable[[dict], Node] | None = None)
         facts = plan.datasets.get(cfg.data.name) or dataset_facts(cfg.data.name, cfg.data.root)
         plan.datasets[cfg.data.name] = facts
         key = spec.kind + group_key(cfg)
-        steps = spec.seeds * local_steps(cfg, facts)
-        scored = spec.seeds * scored_samples(cfg, facts)
+        seeds = len(spec.seeds)
+        steps = seeds * local_steps(cfg, facts)
+        scored = seeds * scored_samples(cfg, facts)
         if key in groups:
             g = groups[key]
             g.names.append(spec.name)
-            g.runs += spec.seeds
+            g.runs += seeds
             g.steps += steps
             g.scored += scored
             continue
         try:
-            groups[key] = _group(cfg, facts, key, spec.name, spec.kind, spec.seeds, steps, timed=True)
+            groups[key] = _group(cfg, facts, key, spec.name, spec.kind, seeds, steps, timed=True)
         except UsageError as e:
             raise UsageError(f"{paths[0]}: {spec.name}: {e}") from None
         groups[key].scored = scored

@@ -88,7 +88,7 @@ class Simulator:
         # after bind: a method may size a layer only once it knows the input (pFedGate's gate)
         self.params_total = sum(p.numel() for p in self.model.parameters())
         self.init = init
-        self.newcomers = held_out_clients(cfg)
+        self.newcomers = held_out_clients(cfg.fl.clients, cfg.eval.new_clients, cfg.seed)
         self.members = [k for k in range(K) if k not in set(self.newcomers)]
         # A trained client keeps only what is its own when nothing reads the rest again: scored with
         # the received model, every entry the method's receive overwrites whole (replaced_on_receive)
@@ -136,7 +136,7 @@ class Simulator:
         cfg, K = self.cfg, self.cfg.fl.clients
         if self.dry_run:
             if cfg.partition.file:
-                self.partition = read_partition(cfg)
+                self.partition = read_partition(cfg.partition.file, cfg.fl.clients, cfg.data.seed)
                 label_maps, num_classes = self.partition.label_maps, self.partition.num_classes
             else:
                 label_maps, num_classes = task_label_maps(cfg.partition.spec(), num_classes, K)
@@ -199,13 +199,14 @@ class Simulator:
 
     def _client_store(self, folder: Path | None) -> str:
         """Where the clients' states wait (store.client_states; `auto` chooses by their size), refused
-        when they cannot fit there: the model once, and for every client what it keeps of its own once
-        trained (all of the model unless a trained client drops what receive overwrites; the fewest
-        bytes a method holds: the real need is higher)."""
+        when they cannot fit there: the model once, and for every client that can train in the run's
+        rounds (a client holds a state of its own only once trained) what it keeps of its own (all of
+        the model unless a trained client drops what receive overwrites; the fewest bytes a method
+        holds: the real need is higher)."""
         bytes_of = lambda keys: sum(self.init[k].numel() * self.init[k].element_size() for k in keys)  # noqa: E731
         model = bytes_of(self.init)
         own = bytes_of(set(self.init) - self.dropped_when_trained())
-        K = self.cfg.fl.clients
+        K = min(len(self.members), self.cfg.fl.rounds * len(self.sample(0)))
         need, where = model + K * own, self.cfg.store.client_states
         on_gpu = self.device.type == "cuda"
         if where == "auto":
@@ -219,7 +220,7 @@ class Simulator:
             device = self.device if where == "device" else torch.device("cpu")
             have, kind = memory_bytes(device), f"{device.type} memory"
         if have is not None and need > have:
-            raise UsageError(f"fl.clients={K:,} clients x {own / 2**20:,.1f} MiB of a {model / 2**20:,.1f} MiB model "
+            raise UsageError(f"{K:,} clients trained x {own / 2**20:,.1f} MiB of a {model / 2**20:,.1f} MiB model "
                              f"kept per client = {need / 2**30:,.1f} GiB of client states, more than the "
                              f"{have / 2**30:,.1f} GiB of {kind} here (store.client_states={where}); use fewer "
                              "clients or a smaller model, or another store (`fedfactor plan` gives a study's needs)")

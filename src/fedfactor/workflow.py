@@ -7,6 +7,7 @@ import json
 import re
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, NoReturn, Sequence
 
@@ -54,6 +55,78 @@ def method_entry(config: dict[str, Any], scenario: str, label: str) -> dict[str,
     dataset: FedFac splits FEMNIST's second conv but the last hidden layer of its other models."""
     own = (config["scenarios"][scenario].get("methods") or {}).get(label) or {}
     return deep_merge(config["methods"][label], own)
+
+
+def scenario_sets(config: dict[str, Any], scenario: str) -> list[str]:
+    """A scenario's `--set`s as every run of it gets them: its overrides, its name and the study's
+    data root."""
+    return run_sets(scenario_overrides(config, scenario), scenario=scenario, data={"root": config["data_root"]})
+
+
+def final_entry(config: dict[str, Any], scenario: str, label: str,
+                tuned: dict[str, dict[str, dict]] | None) -> dict[str, Any]:
+    """A method's entry as the study's final runs take it: with the values chosen on validation
+    (`tuned`, tuning.read_chosen's) where the study is tuned."""
+    from . import tuning
+
+    entry = method_entry(config, scenario, label)
+    return tuning.with_values(entry, tuned[scenario][label]) if tuned else entry
+
+
+def tuning_entries(config: dict[str, Any], scenario: str, label: str) -> list[dict[str, Any]]:
+    """A method's entry at each point of the study's tuning grid (the study's own values underneath)."""
+    from . import tuning
+
+    return [tuning.with_values(method_entry(config, scenario, label), values)
+            for values in tuning.points(config["tuning"], label)]
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    """Runs of a study that differ by their seed alone: one scenario and method, and one tuning point
+    for a tuning run. A run's `--set`s are the scenario's, then what the workflow sets for each seed
+    (seed, partition file, tracking), then the method's."""
+
+    kind: str  # "final" or "tuning"
+    scenario: str
+    method: str
+    point: int | None  # the tuning point's index; None for a final run
+    scenario_sets: list[str]
+    method_sets: list[str]
+    seeds: list[int]
+
+    @property
+    def name(self) -> str:
+        from .tuning import point_name
+
+        own = f"{self.scenario}/{self.method}"
+        return own if self.point is None else f"{own}@{point_name(self.point)}"
+
+    @property
+    def sets(self) -> list[str]:
+        return [*self.scenario_sets, *self.method_sets]
+
+
+def study_runs(config: dict[str, Any], tuned: dict[str, dict[str, dict]] | None = None) -> list[StudyRun]:
+    """Every run a study trains, the one expansion the Snakefile, `fedfactor plan` and the tests use:
+    its (selected) scenarios x implemented methods x seeds, the final runs at the values chosen on
+    validation where `tuned` gives them, each followed, where the study is tuned, by its tuning runs:
+    grid points x tuning seeds. A simulation study trains none."""
+    if "simulation" in config:
+        return []
+    listed = implemented(config, selected(config, "methods"))
+    methods = [m for m, ok in listed.items() if ok]
+    tuning = config["tuning"] if tuning_file(config) else None
+    runs = []
+    for s in selected(config, "scenarios"):
+        base = scenario_sets(config, s)
+        for m in methods:
+            runs.append(StudyRun("final", s, m, None, base, method_sets(final_entry(config, s, m, tuned), m),
+                                 [int(seed) for seed in config["seeds"]]))
+            if tuning:
+                runs += [StudyRun("tuning", s, m, i, base, method_sets(entry, m), [int(x) for x in tuning["seeds"]])
+                         for i, entry in enumerate(tuning_entries(config, s, m))]
+    return runs
 
 
 # What `build_partition` reads of `data` (and fl.clients, and the partition section but its file).

@@ -179,7 +179,7 @@ def test_a_token_dataset_reaches_the_model_as_ids():
 def test_the_diagnostics_keep_and_analyse_an_lstm_layer_one_row_per_hidden_unit(token_sim, tmp_path):
     sim = token_sim("fedavg", "diagnostics.layers=[2,3]")
     sim.run_round(1)
-    layers, clients = save_client_weights(sim.cfg, sim, tmp_path / "client_weights.npz")
+    layers, clients = save_client_weights(sim.cfg.diagnostics.keep_weights, sim, tmp_path / "client_weights.npz")
     assert layers == {2: "body.lstm2", 3: "body.fc1"} and clients
     with np.load(tmp_path / "client_weights.npz") as archive:
         weights = archive["body.lstm2.weight"]

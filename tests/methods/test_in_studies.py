@@ -20,7 +20,7 @@ import yaml
 from fedfactor.config import load_config
 from fedfactor.simulator import Simulator
 from fedfactor.methods import METHODS
-from fedfactor.workflow import method_sets, run_sets, scenario_overrides
+from fedfactor.workflow import study_runs
 
 from ..conftest import SMOKE_SCALE
 
@@ -56,13 +56,13 @@ def _cases():
 @pytest.mark.parametrize("path, scenario, label", list(_cases()))
 def test_study_method_trains_a_round_under_the_study_protocol(path, scenario, label, tmp_path):
     study = yaml.safe_load(path.read_text())
-    config = {**study, "smoke": True, "overrides": {"fl": {"rounds": 1, "eval_every": 1, "device": "cpu"},
-                                                   "tracking": {"enabled": False}}}
+    config = {**study, "data_root": str(tmp_path), "smoke": True,
+              "overrides": {"fl": {"rounds": 1, "eval_every": 1, "device": "cpu"}, "tracking": {"enabled": False}}}
     for section, values in SCALE[Path(study["run_config"]).name].items():
         config["overrides"][section] = {**config["overrides"].get(section, {}), **values}
-    overrides = scenario_overrides(config, scenario)
-    sets = run_sets(overrides, data={"root": str(tmp_path)}) + method_sets(study["methods"][label], label)
-    cfg = load_config(REPO / study["run_config"], sets)
+    # the run as the study's workflow expands it (at the study's own values: the smoke runs are not tuned)
+    run = next(r for r in study_runs(config) if r.kind == "final" and r.scenario == scenario and r.method == label)
+    cfg = load_config(REPO / study["run_config"], run.sets)
     sim = Simulator(cfg)
     records = sim.run()
     assert cfg.data.name.startswith("synthetic:") and cfg.method["name"] == study["methods"][label]["name"]

@@ -10,9 +10,9 @@ from fedfactor import tuning
 from fedfactor.config import load_config
 from fedfactor.report.spec import SMOKE_TITLE
 from fedfactor.plan import check_run_memory, snakemake_retries
-from fedfactor.workflow import (check_results_folder, check_runs, check_study, dataset_name, implemented, method_entry,
-                                method_sets, partition_sets, run_sets, scenario_overrides, selected, slug, study_folder,
-                                study_spec, tuning_file)
+from fedfactor.workflow import (check_results_folder, check_runs, check_study, dataset_name, final_entry, implemented,
+                                method_sets, partition_sets, run_sets, scenario_overrides, scenario_sets, selected, slug,
+                                study_folder, study_runs, study_spec, tuning_entries, tuning_file)
 
 # Under `--sdm conda` jobs run in envs/fedfactor.yaml, which holds the dependencies but not fedfactor
 # itself: there `fedfactor` runs this checkout's src/ (Snakemake strips PYTHONPATH from the job's

@@ -12,18 +12,16 @@ def _quoted(sets):
 
 
 def scenario_run_sets(scenario):
-    return run_sets(OVERRIDES[scenario], scenario=scenario, data={"root": config["data_root"]})
+    return scenario_sets(config, scenario)
 
 
-def scenario_sets(wildcards):
+def scenario_set_options(wildcards):
     return _quoted(scenario_run_sets(wildcards.scenario))
 
 
 def study_entry(scenario, method):
-    """A method's entry as the study's final runs take it: with the values chosen on validation
-    (tuning.file) when the study is tuned."""
-    entry = method_entry(config, scenario, method)
-    return tuning.with_values(entry, TUNED[scenario][method]) if TUNED else entry
+    """A method's entry as the study's final runs take it (workflow.final_entry)."""
+    return final_entry(config, scenario, method, TUNED)
 
 
 def tuned_or_stop(wildcards):
@@ -46,31 +44,36 @@ def tuning_asked():
     return TUNING and {"tune", "tune_select"} & set(workflow.dag_settings.targets or ())
 
 
-def tuning_entries(scenario, method):
-    """The method's entry at each of its tuning points (the study's own values underneath)."""
-    return [tuning.with_values(method_entry(config, scenario, method), values)
-            for values in tuning.points(TUNING, method)]
-
-
 def train_sets(scenario, method, seed, entry=None, label=None):
     """One run's `--set`s in the order the train rule's command gives them to `fedfactor train-runs`
     (train.smk; tune.smk's tuning runs give their `entry` and `label`), its MLflow experiment id (known
     once mlflow_init has run) a stand-in."""
-    partition = f"{STUDY_DIR}/partitions/{scenario}/seed{seed}.json"
     entry = study_entry(scenario, method) if entry is None else entry
-    return [*scenario_run_sets(scenario), f"seed={seed}", f"partition.file={partition}", f"tracking.uri={MLFLOW_URI}",
-            "tracking.experiment_id=0", *method_sets(entry, label or method)]
+    return seed_sets(scenario, scenario_run_sets(scenario), seed, method_sets(entry, label or method))
+
+
+def seed_sets(scenario, of_scenario, seed, of_method):
+    """A run's `--set`s: the scenario's, then what the workflow sets for one seed, then the method's."""
+    partition = f"{STUDY_DIR}/partitions/{scenario}/seed{seed}.json"
+    return [*of_scenario, f"seed={seed}", f"partition.file={partition}", f"tracking.uri={MLFLOW_URI}",
+            "tracking.experiment_id=0", *of_method]
+
+
+def run_check(run, seed):
+    """One run of the expansion at `seed`, as check_runs loads it."""
+    return seed_sets(run.scenario, run.scenario_sets, seed, run.method_sets)
 
 
 def checked_runs():
-    """The runs `check_runs` loads: every scenario x method once (a seed changes nothing else in a
-    run config), each further seed once, and every tuning point once per scenario."""
-    runs = [(f"scenario {s!r}, method {m!r}", train_sets(s, m, SEEDS[0])) for s in SCENARIOS for m in METHODS]
-    runs += [(f"seed {seed}", train_sets(SCENARIOS[0], METHODS[0], seed)) for seed in SEEDS[1:]]
-    if TUNING:
-        runs += [(f"tuning: scenario {s!r}, method {m!r}, point {i}", train_sets(s, m, TUNING["seeds"][0], e, m))
-                 for s in SCENARIOS for m in METHODS for i, e in enumerate(tuning_entries(s, m))]
-    return runs
+    """The runs `check_runs` loads: every run of the study's expansion (workflow.study_runs) once, at
+    its first seed (a seed changes nothing else in a run config), and each further seed once: the
+    final runs, the further seeds, then the tuning runs."""
+    runs = study_runs(config, TUNED)
+    final = [r for r in runs if r.kind == "final"]
+    checked = [(f"scenario {r.scenario!r}, method {r.method!r}", run_check(r, r.seeds[0])) for r in final]
+    checked += [(f"seed {seed}", run_check(final[0], seed)) for seed in final[0].seeds[1:]]
+    return checked + [(f"tuning: scenario {r.scenario!r}, method {r.method!r}, point {r.point}",
+                       run_check(r, r.seeds[0])) for r in runs if r.kind == "tuning"]
 
 
 # Every problem of the study ends the DAG build here, as one line naming the study file, before

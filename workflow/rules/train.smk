@@ -41,7 +41,7 @@ rule train:
     output:
         f"{STUDY_DIR}/jobs/train/{{scenario}}/seed{{seed}}-{{job}}.json",
     params:
-        sets=scenario_sets,
+        sets=scenario_set_options,
         runs=job_runs,
         uri=MLFLOW_URI,
         study=lambda w, output: str(Path(output[0]).parents[3]),  # STUDY/jobs/train/SCENARIO/seedN-J.json

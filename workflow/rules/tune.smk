@@ -36,7 +36,7 @@ rule tune_train:
     output:
         f"{TUNE_DIR}/jobs/{{scenario}}/seed{{seed}}-{{job}}.json",
     params:
-        sets=scenario_sets,
+        sets=scenario_set_options,
         runs=tune_job_runs,
         uri=MLFLOW_URI,
     threads: config["threads_per_job"]

@@ -19,7 +19,7 @@ if workflow.is_main_process:
         # every point of every method, each loaded as its run will be
         for _s in SCENARIOS:
             tuning.check_runs_alike({f"{m}@{tuning.point_name(i)} in {_s}": load_config(RUN_CONFIG, train_sets(_s, m, TUNE_SEEDS[0], e, m))
-                                     for m in METHODS for i, e in enumerate(tuning_entries(_s, m))})
+                                     for m in METHODS for i, e in enumerate(tuning_entries(config, _s, m))})
     except UsageError as e:
         stop(f"{STUDY_FILES}: {e}")
 
@@ -30,7 +30,7 @@ def tune_job_runs(wildcards):
     out = []
     for m, i in TUNE_JOBS[int(wildcards.job) - 1]:
         run = f"{wildcards.scenario}/{m}/{tuning.point_name(i)}/seed{wildcards.seed}"
-        entry = tuning_entries(wildcards.scenario, m)[i]
+        entry = tuning_entries(config, wildcards.scenario, m)[i]
         out.append({"out": f"{TUNE_DIR}/runs/{run}", "log": f"{TUNE_DIR}/logs/{run}.log",
                     "set": method_sets(entry, f"{m}@{tuning.point_name(i)}")})
     return json.dumps(out)

@@ -18,7 +18,6 @@ import numpy as np
 from ..io import atomic_open
 
 if TYPE_CHECKING:
-    from ..config import Config
     from ..simulator import Simulator
 
 log = logging.getLogger("fedfactor")
@@ -28,7 +27,7 @@ _UNREADABLE = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)  #
 _REWRITE = "the file is damaged or was not written by fedfactor: re-run the run to write it again"
 
 
-def save_client_weights(cfg: Config, sim: Simulator, path: Path) -> tuple[dict[int, str], list[int]]:
+def save_client_weights(keep_weights: bool, sim: Simulator, path: Path) -> tuple[dict[int, str], list[int]]:
     """Final client weights of the analysed layers, for `fedfactor diagnose`, as float16 arrays.
 
     Entry "<module>.weight" holds each client's effective weight of the layer in the plain layer's
@@ -36,17 +35,16 @@ def save_client_weights(cfg: Config, sim: Simulator, path: Path) -> tuple[dict[i
     sigma + tau for a low-rank one, the Hadamard product for pFedPara (models.layers.effective_weight).
     Kept small: at most `diagnostics.max_clients` clients, those trained in the last round first.
     Returns the layers ({index: module name}) and the clients kept; nothing when the method analyses
-    no layer (FedEM) or `diagnostics.keep_weights` is false.
+    no layer (FedEM) or `keep_weights` (`diagnostics.keep_weights`) is false.
     """
     # imported here: `fedfactor diagnose` reads this module and needs neither the models nor torch to start
     import torch
 
     from ..models.layers import effective_weight, layer_entries
 
-    d = cfg.diagnostics
     layers = sim.diagnostic_layers()
     entries = [key for name in layers.values() for key in layer_entries(sim.model, name)]
-    wanted = sim.diagnosed_clients() if d.keep_weights and layers else []
+    wanted = sim.diagnosed_clients() if keep_weights and layers else []
     # A trained client keeps these entries only if it was diagnosed under the settings it trained with
     # (Simulator._kept_for_diagnostics); `diagnostics` is not part of a run's fingerprint, so a resumed
     # or kept checkpoint may meet other settings and find some clients without them.
