@@ -20,10 +20,11 @@ LINE = re.compile(r"^\[\d\d:\d\d:\d\d\] perm/(\w+)/seed(\d): accuracy \d+\.\d\d%
 
 
 def _study(tmp_path):
-    # 6 short rounds, 3 s or more of training: long enough to stop a run in its middle
+    # 6 short rounds, 3 s or more of training: long enough to stop a run in its middle; a checkpoint
+    # every round, so a run stopped while scoring (which writes none) still has the last one
     run = tmp_path / "run.yaml"
     run.write_text("data: {name: digits}\nmodel: {name: mlp}\n"
-                   "fl: {clients: 4, rounds: 6, epochs: 1, batch_size: 32}\n")
+                   "fl: {clients: 4, rounds: 6, epochs: 1, batch_size: 32}\ncheckpoint: {every: 1}\n")
     study = tmp_path / "study.yaml"
     study.write_text(json.dumps({
         "study": "tiny", "run_config": str(run), "results": str(tmp_path / "results"), "seeds": [0, 1],
@@ -36,14 +37,15 @@ def _study(tmp_path):
 
 def _interrupt_mid_run(cmd, cwd, runs):
     """Start `cmd` as a terminal would (its own process group) and press Ctrl-C once one run has
-    finished and another is in its training loop (its metrics.csv exists)."""
+    finished and another has checkpointed a round and goes on: stopped while training it writes
+    another checkpoint, stopped while scoring it keeps that one, checkpointed either way."""
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 500
     while time.monotonic() < deadline and proc.poll() is None:
         done = list(runs.glob("*/*/summary.json"))
-        training = [m for m in runs.glob("*/*/metrics.csv") if not (m.parent / "summary.json").exists()]
+        training = [c for c in runs.glob("*/*/checkpoint.pt") if not (c.parent / "summary.json").exists()]
         if len(done) == 1 and training:
             os.killpg(proc.pid, signal.SIGINT)
             break
