@@ -341,9 +341,9 @@ def _rehearse(tmp_path, study: str, name: str, per_client: int, *tiny: str):
     from fedfactor.data import dataset_info
 
     run_config, sets = _rehearsal_config(study, name)
-    info = dataset_info(*(lambda c: (c.data.name, c.data.root))(plan._run_config(run_config, sets)))
-    K = plan._run_config(run_config, sets).fl.clients
-    y = torch.arange(per_client * K) % info.num_classes
+    cfg = plan._run_config(run_config, sets)
+    info = dataset_info(cfg.data.name, cfg.data.root)
+    y = torch.arange(per_client * cfg.fl.clients) % info.num_classes
     x = torch.rand((len(y), info.channels, info.height, info.width), generator=torch.Generator().manual_seed(0))
     data = tmp_path / "data.npz"
     np.savez(data, x=x.numpy(), y=y.numpy(), x_test=x[:10].numpy(), y_test=y[:10].numpy())
