@@ -5,7 +5,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 from fedfactor.errors import UsageError
-from fedfactor.workflow import check_config_files, check_required_keys, schema_problem, stop
+from fedfactor.study.workflow import check_config_files, check_required_keys, schema_problem, stop
 
 min_version("8.0")
 
@@ -91,7 +91,7 @@ else:
 
     from snakemake.logging import logger
 
-    from fedfactor.progress import finished_message, quiet_terminal, start_message, stopped_message, write_plan
+    from fedfactor.study.progress import finished_message, quiet_terminal, start_message, stopped_message, write_plan
 
     quiet_terminal(logger, workflow)
 

@@ -12,7 +12,7 @@ import statistics
 import time
 
 from fedfactor.config import load_config
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 
 from .common import describe_sets, row, synchronize
 

@@ -51,7 +51,7 @@ class HookTimer:
 
 def run(quick: bool, device: str) -> list[dict]:
     from fedfactor.config import load_config
-    from fedfactor.simulator import Simulator
+    from fedfactor.run.simulator import Simulator
 
     many_k, per_client = (100, 10) if quick else (1000, 10)
     total = many_k * per_client

@@ -80,7 +80,7 @@ def plain_epoch(sim: Any, gen: torch.Generator, precision: str, channels_last: b
 def throughput(sets: list[str], repeats: int, device: str) -> tuple[float, float, int]:
     """(simulator images/s, plain images/s, images per round) under one config, medians after a warm-up."""
     from fedfactor.config import load_config
-    from fedfactor.simulator import Simulator
+    from fedfactor.run.simulator import Simulator
 
     cfg = load_config(None, sets)
     sim = Simulator(cfg)
@@ -126,8 +126,8 @@ def table1_rows(npz: Path, note: str, device: str) -> list[dict]:
     import yaml
 
     from fedfactor.config import load_config
-    from fedfactor.simulator import Simulator
-    from fedfactor.workflow import method_sets
+    from fedfactor.run.simulator import Simulator
+    from fedfactor.study.workflow import method_sets
 
     study = yaml.safe_load((ROOT / "config/studies/factorized_fl_label.yaml").read_text())
     rows, base = [], None

@@ -87,7 +87,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from fedfactor.config import load_config
-    from fedfactor.simulator import Simulator
+    from fedfactor.run.simulator import Simulator
 
     torch.set_num_threads(spec["threads"])
     if spec.get("baseline"):  # the interpreter, torch and fedfactor alone: what every child pays
@@ -120,7 +120,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 def run(quick: bool, device: str) -> list[dict]:
     import torch
 
-    from fedfactor.workflow import method_sets
+    from fedfactor.study.workflow import method_sets
 
     sizes = (10, 50) if quick else (10, 100, 1000)
     threads = torch.get_num_threads()

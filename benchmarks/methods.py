@@ -93,7 +93,7 @@ def default_entry(name: str, entries: dict[str, dict]) -> dict[str, Any]:
 
 def paper_settings(device: str) -> list[Setting]:
     from fedfactor.config import load_config
-    from fedfactor.workflow import dataset_name, run_sets
+    from fedfactor.study.workflow import dataset_name, run_sets
 
     out = []
     for study_path, scenario, labels in PAPERS:
@@ -161,7 +161,7 @@ class Outcome:
 
 def method_sets(setting: Setting, label: str) -> list[str]:
     """The method's entry (its `run` overrides included), then the group's overrides on top."""
-    from fedfactor.workflow import method_sets as entry_sets
+    from fedfactor.study.workflow import method_sets as entry_sets
 
     return [*entry_sets(setting.entries[label], label), *setting.sets]
 
@@ -169,7 +169,7 @@ def method_sets(setting: Setting, label: str) -> list[str]:
 def compare(setting: Setting, repeats: int, device: str) -> Outcome:
     """Build every method of the setting, then time `repeats` interleaved rounds after a warm-up round."""
     from fedfactor.config import load_config
-    from fedfactor.simulator import Simulator
+    from fedfactor.run.simulator import Simulator
 
     out = Outcome()
     sims = {}

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from fedfactor.config import load_config
 from fedfactor.data.augment import augment_batch
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 
 from .common import describe_sets, row, synchronize, timed, write_npz
 

@@ -1,5 +1,5 @@
 """The plan's CPU hours against a run's own: `fedfactor plan` times a few local steps and the scoring
-of one sample of each run group through the run's Trainer (fedfactor.plan.step_cost) and multiplies
+of one sample of each run group through the run's Trainer (fedfactor.study.plan.step_cost) and multiplies
 them by the group's local steps and scored samples. Here runs of the default study (config/config.yaml)
 are trained in this process, one CPU thread, and their CPU time is set against the plan's for them.
 ratio = the factor between them either way (measured / planned or its inverse, whichever is larger),
@@ -25,8 +25,9 @@ METHODS = ["fedavg", "factorized_fl_beta", "simfed", "feddecomp"]  # a plain one
 def run(quick: bool, device: str) -> list[dict[str, Any]]:
     import torch
 
-    from fedfactor import plan
-    from fedfactor.job import train
+    from fedfactor.data.facts import dataset_facts
+    from fedfactor.study import plan
+    from fedfactor.run.job import train
 
     if device not in ("cpu", "auto"):
         return []  # the plan's CPU hours are for the CPU
@@ -37,7 +38,7 @@ def run(quick: bool, device: str) -> list[dict[str, Any]]:
     for method in METHODS[:1] if quick else METHODS:
         spec = specs[f"dir0.5/{method}"]
         cfg = plan._run_config(str(ROOT / study["run_config"]), [*spec.sets, "tracking.enabled=false", "seed=0"])
-        facts = plan.dataset_facts(cfg.data.name, cfg.data.root)
+        facts = dataset_facts(cfg.data.name, cfg.data.root)
         g = plan._group(cfg, facts, "k", spec.name, timed=True)
         g.steps, g.scored = plan.local_steps(cfg, facts), plan.scored_samples(cfg, facts)
         planned = plan.group_hours(g, "cpu")[0] * 3600

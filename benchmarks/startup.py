@@ -7,7 +7,7 @@ for the MLflow rows, a SQLite store that `mlflow-init` created. The child import
 the job does, and wraps a few of the job's own functions to read its CPU clock (user + sys,
 resource.getrusage) at the phase boundaries, the last at the first call of Simulator.run_round:
 
-    imports   process start to fedfactor.job.train (Python, torch, fedfactor, argument and config parsing)
+    imports   process start to fedfactor.run.job.train (Python, torch, fedfactor, argument and config parsing)
     data      the dataset load inside Simulator (digits from the data root, or scikit-learn)
     model     the rest of Simulator's set-up (partition, model, method, clients)
     mlflow    opening the MLflow run (import, client, experiment, run and its params)
@@ -65,9 +65,9 @@ def child(marks_file: str, command: str, train_args: list[str]) -> int:
     """In the fresh process: run `fedfactor COMMAND train_args` (train, or train-runs: several runs in
     one process), writing the CPU clock's phase marks to marks_file as each run reaches round 1. Only
     functions the job calls anyway are wrapped."""
-    import fedfactor.job as job  # exactly what `fedfactor train` imports before it trains
+    import fedfactor.run.job as job  # exactly what `fedfactor train` imports before it trains
     from fedfactor import cli
-    from fedfactor import clients, simulator
+    from fedfactor.run import clients, simulator
 
     marks: dict[str, Any] = {"runs": []}
 

@@ -38,7 +38,7 @@ class Bug:
 
 
 BUGS = [
-    Bug("scored before the round's local training", "simulator.py",
+    Bug("scored before the round's local training", "run/simulator.py",
         "            loss, skipped = self.run_round(rnd)\n            self.scoring_round = rnd\n            scored = {}\n"
         "            if rnd % self.cfg.fl.eval_every == 0 or rnd == R:\n                with self.stoppable_phase():\n"
         "                    scored = self.evaluate((\"test\", \"val\") if has_val else (\"test\",))\n",
@@ -46,17 +46,17 @@ BUGS = [
         "                with self.stoppable_phase():\n"
         "                    scored = self.evaluate((\"test\", \"val\") if has_val else (\"test\",))\n"
         "            loss, skipped = self.run_round(rnd)\n            self.scoring_round = rnd\n"),
-    Bug("resume does not restore torch's random state", "simulator.py",
+    Bug("resume does not restore torch's random state", "run/simulator.py",
         'torch.set_rng_state(rng["torch"])', 'rng["torch"]'),
-    Bug("resume one round off", "simulator.py",
+    Bug("resume one round off", "run/simulator.py",
         'self.round = int(ckpt["round"])', 'self.round = int(ckpt["round"]) - 1'),
-    Bug("tuning's val_score reads the test split", "summary.py",
+    Bug("tuning's val_score reads the test split", "run/summary.py",
         '"val_score": (last.val.mean if last.val else None)', '"val_score": (last.test.mean if last.val else None)'),
-    Bug("FedAvg weighs clients equally, not by train size", "simulator.py",
+    Bug("FedAvg weighs clients equally, not by train size", "run/simulator.py",
         "weights[k] = float(self.ctx.train_sizes[k])", "weights[k] = 1.0"),
-    Bug("clients sampled the same every round", "simulator.py",
+    Bug("clients sampled the same every round", "run/simulator.py",
         "derive_seed(self.cfg.seed, rnd, 2**31)", "derive_seed(self.cfg.seed, 2**31)"),
-    Bug("eval.model=trained scores the received model", "simulator.py",
+    Bug("eval.model=trained scores the received model", "run/simulator.py",
         'if self.cfg.eval.model == "trained":', 'if self.cfg.eval.model != "trained":'),
     Bug("weighted mean divides by the count", "fl/state.py",
         "(t / self.weight)", "(t / self.count)"),
@@ -101,16 +101,16 @@ BUGS = [
         "return REPRODUCED if REPRODUCED in verdicts else WITHIN_NOISE"),
     Bug("Student's t-test where seeds do not pair", "report/claims.py",
         "stats.ttest_ind(xa, xb, equal_var=False)", "stats.ttest_ind(xa, xb, equal_var=True)"),
-    Bug("the train/val/test cut follows the run seed", "clients.py",
+    Bug("the train/val/test cut follows the run seed", "run/clients.py",
         "cfg.data.split_mode, seed=cfg.data.seed,", "cfg.data.split_mode, seed=cfg.seed,"),
     Bug("FedDecomp's R_c and R_l swapped", "methods/feddecomp.py",
         "decompose(model, self.hp.conv_ratio, self.hp.linear_ratio,", "decompose(model, self.hp.linear_ratio, self.hp.conv_ratio,"),
-    Bug("chance unweighted under best_weighted", "summary.py",
+    Bug("chance unweighted under best_weighted", "run/summary.py",
         'return scores.weighted if report == "best_weighted" else scores.mean', "return scores.mean"),
-    Bug("tuning's budget leaves out the batch size", "tuning.py",
+    Bug("tuning's budget leaves out the batch size", "study/tuning.py",
         '"fl.rounds", "fl.epochs", "fl.batch_size", "fl.clients", "fl.fraction")',
         '"fl.rounds", "fl.epochs", "fl.clients", "fl.fraction")'),
-    Bug("validation accuracy no longer sent to MLflow", "job.py",
+    Bug("validation accuracy no longer sent to MLflow", "run/job.py",
         'if k != "round"}, step=rec.round)', 'if k not in ("round", "val_accuracy_mean")}, step=rec.round)'),
 ]
 

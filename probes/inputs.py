@@ -616,10 +616,10 @@ study_case("seeds: [0.0]", lambda s: s.update(seeds=[0.0]))
 
 def tuning_case(name: str, damage: Callable[[dict], object] | None = None, text: Callable[[str], str] | None = None,
                 section: Callable[[dict], object] | None = None) -> None:
-    """A tuned study whose file of chosen values tune_select wrote (fedfactor.tuning.write), then
+    """A tuned study whose file of chosen values tune_select wrote (fedfactor.study.tuning.write), then
     `damage`d and signed again, or edited as `text` after signing, or the study's `section` changed."""
     def setup(folder: Path, t: Templates) -> None:
-        from fedfactor import tuning
+        from fedfactor.study import tuning
         from fedfactor.config import load_config
 
         run_config = REPO / "config/runs/digits.yaml"

@@ -20,7 +20,7 @@ TINY = [
 
 # The smoke runs' width (model.width_multiplier) for the papers' ResNets: their layers, names and
 # methods as in the paper, at 1/64 of the multiply-adds; full width is what the paper-scale rehearsals
-# (tests/test_plan.py) and the models' own tests run.
+# (tests/study/test_plan.py) and the models' own tests run.
 SMOKE_WIDTH = 0.125
 # Run config -> what keeps one of its smoke jobs to seconds on a CPU, for the study smoke runs
 # (tests/test_study_smoke.py) and every baseline under its study's protocol

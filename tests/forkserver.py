@@ -35,12 +35,12 @@ from pathlib import Path
 COMMANDS = ("fedfactor", "snakemake")
 # What the commands import; a module left out is imported by the child that needs it.
 PRELOAD = ["snakemake.cli", "snakemake.api", "torch", "torchvision", "numpy", "pandas", "scipy.stats", "sklearn",
-           "matplotlib", "mlflow", "fedfactor.cli", "fedfactor.job", "fedfactor.simulator", "fedfactor.tracking",
+           "matplotlib", "mlflow", "fedfactor.cli", "fedfactor.run.job", "fedfactor.run.simulator", "fedfactor.tracking",
            "fedfactor.methods", "fedfactor.models", "fedfactor.data.datasets", "fedfactor.data.partition",
            "fedfactor.report.table", "fedfactor.report.figures", "fedfactor.diagnostics.diagnose",
-           "fedfactor.report.claims", "fedfactor.report.paper", "fedfactor.study_figures", "fedfactor.plan",
-           "fedfactor.workflow", "fedfactor.tuning", "fedfactor.report.spec", "fedfactor.report.study",
-           "fedfactor.progress",
+           "fedfactor.report.claims", "fedfactor.report.paper", "fedfactor.study.figures", "fedfactor.study.plan",
+           "fedfactor.study.workflow", "fedfactor.study.tuning", "fedfactor.report.spec", "fedfactor.report.study",
+           "fedfactor.study.progress",
            # imported on first use: MLflow's SQL store and its migrations (every tracked job), the PDF
            # backend and its font subsetting (every figure); 2.4 s a job that needs them
            "mlflow.store.tracking.sqlalchemy_store", "alembic", "matplotlib.pyplot", "matplotlib.backends.backend_pdf",

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fedfactor.config import load_config
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # `benchmarks` is a top-level folder, not part of the installed package
@@ -118,7 +118,7 @@ def test_clients_quick_rows():
 
 def test_client_sets_give_each_client_exactly_its_samples(tmp_path):
     from fedfactor.config import load_config
-    from fedfactor.simulator import Simulator
+    from fedfactor.run.simulator import Simulator
 
     npz = clients.write_npz(tmp_path / "d.npz", n_train=60, n_test=6)
     sim = Simulator(load_config(None, [*clients.client_sets(npz, 6, 10, 1, "cpu"), "method.name=fedavg"]))
@@ -127,7 +127,7 @@ def test_client_sets_give_each_client_exactly_its_samples(tmp_path):
 
 
 def test_memory_child_and_rows(tmp_path, monkeypatch):
-    from fedfactor.workflow import method_sets
+    from fedfactor.study.workflow import method_sets
 
     npz = clients.write_npz(tmp_path / "d.npz", n_train=40, n_test=4)
     sets = clients.client_sets(npz, 4, 10, 1, "cpu", epochs=2) + method_sets(memory.method_entry("fedper"), "fedper")

@@ -200,7 +200,7 @@ def test_train_sets_torch_threads_before_any_work(tmp_path, tiny, monkeypatch, c
         seen.append(torch.get_num_threads())
         raise UsageError("stopped before training")
 
-    monkeypatch.setattr("fedfactor.job.train", train)
+    monkeypatch.setattr("fedfactor.run.job.train", train)
     before = torch.get_num_threads()
     try:
         for extra in (["--threads", "2"], [], ["--threads", "0"]):
@@ -224,7 +224,7 @@ def test_a_job_with_fewer_threads_than_the_cpus_slurm_gave_it_says_what_to_set(t
     def train(cfg, out, hold_signals=False):
         raise UsageError("stopped before training")
 
-    monkeypatch.setattr("fedfactor.job.train", train)
+    monkeypatch.setattr("fedfactor.run.job.train", train)
     before = torch.get_num_threads()
     try:
         for cpus, warned in (("2", True), ("1", False)):
@@ -245,7 +245,7 @@ def test_train_threads_reach_both_of_torchs_pools_in_a_fresh_process(tmp_path, t
     import sys
 
     # The job replaced by a report of torch's threads, in a process where nothing has run yet.
-    code = ("import sys, torch; import fedfactor.job as job; from fedfactor.cli import main\n"
+    code = ("import sys, torch; import fedfactor.run.job as job; from fedfactor.cli import main\n"
             "def train(cfg, out, hold_signals=False):\n"
             "    print(torch.get_num_threads(), torch.get_num_interop_threads()); sys.exit(0)\n"
             "job.train = train\n"

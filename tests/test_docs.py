@@ -80,7 +80,7 @@ def _cited_paths(page: Path) -> list[str]:
     package (methods/base.py). Outputs (results/...) and patterns (<study>, *, X.yaml) are not files."""
     out = []
     for span in re.findall(r"`([^`\n]+)`", _prose(page.read_text())):
-        path = span.split(":")[0]  # src/fedfactor/workflow.py:partition_sets names a function in it
+        path = span.split(":")[0]  # src/fedfactor/study/workflow.py:partition_sets names a function in it
         if re.search(r"[<>*{}\[\]$ ]|\bX\.|NAME|\.\.\.", path):
             continue
         if re.fullmatch(r"(src|config|tests|workflow|docs|benchmarks|probes|profiles|envs)/[\w./+-]*", path) \

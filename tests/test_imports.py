@@ -25,17 +25,14 @@ LAYERS = [
     {"models"},
     {"fl"},  # the primitives: state, communication meter, local training, batched clients
     {"methods"},
-    {"clients", "records"},  # a run's clients, and what a round records
-    {"simulator", "tracking", "summary"},  # the round loop sits above the methods it runs
-    {"report"},  # finished run folders read back, their tables and figures: files only, no training
-    {"diagnostics"},  # what a run keeps of its clients' weights, their factor analysis, the arrays it logged drawn
-    {"study_figures"},  # every figure of a study: the accuracy curves and the diagnostics' figures
-    {"job"},
-    {"tuning"},  # the grid, the selection and the file of chosen values, which the study's checks read
-    {"workflow", "fedfac_simulation"},  # fedfac_simulation: FedFac's simulation study
-    {"verdicts"},  # every paper study's claims at each scale, read from the studies as the workflow expands them
-    {"plan"},  # a study's needs, from its runs as the workflow expands them
-    {"progress"},
+    # tracking: a run's MLflow mirror; report: finished run folders read back, their tables and
+    # figures (files only, no training)
+    {"tracking", "report"},
+    {"run"},  # one run: its clients, the round loop, its records and summary, the job that keeps its folder
+    # diagnostics: a run's kept client weights analysed and drawn; fedfac_simulation: FedFac's
+    # simulation study (no training runs)
+    {"diagnostics", "fedfac_simulation"},
+    {"study"},  # a study: its expansion into runs, tuning, checks, plan, progress, figures, verdicts
     {"cli"},
     {"__main__"},
 ]
@@ -108,9 +105,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_parser_sees_relative_absolute_and_in_function_imports():
     graph = import_graph()
     # relative, at the top of the file
-    assert "fedfactor.methods" in graph["fedfactor.simulator"]
+    assert "fedfactor.methods" in graph["fedfactor.run.simulator"]
     # `from .diagnostics import heatmaps` names a module
-    assert "fedfactor.diagnostics.heatmaps" in graph["fedfactor.study_figures"]
+    assert "fedfactor.diagnostics.heatmaps" in graph["fedfactor.study.figures"]
     # inside a function (cli imports each command's module when the command runs)
     assert "fedfactor.fedfac_simulation.study" in graph["fedfactor.cli"]
     # `from ..models import HeadedModel` is an import of the package, whose __init__ runs
@@ -137,3 +134,14 @@ def test_packages_import_only_from_lower_layers(layer):
     back = [f"{m} -> {t}" for m, targets in sorted(import_graph().items()) if LAYER.get(package_of(m)) == layer
             for t in sorted(targets) if package_of(t) != package_of(m) and LAYER.get(package_of(t), -1) >= layer]
     assert not back, "imports at or above their own layer:\n" + "\n".join(back)
+
+
+# The package's top level: the command line, the config, the errors and the infrastructure every
+# layer uses. A run's modules live in run/, a study's in study/.
+TOP_LEVEL = {"fedfactor.__main__", "fedfactor.cli", "fedfactor.config", "fedfactor.errors",
+             "fedfactor.io", "fedfactor.registry", "fedfactor.devices", "fedfactor.environment"}
+
+
+def test_the_top_level_holds_the_cli_config_errors_and_infrastructure_only():
+    top = {m for m in read_modules() if m.count(".") == 1 and not (SRC / m.replace(".", "/")).is_dir()}
+    assert top == TOP_LEVEL

@@ -157,7 +157,7 @@ def test_the_mutation_commands_have_their_tool_and_its_configuration(command):
     assert any(d.startswith("mutmut") for d in project["project"]["optional-dependencies"]["mutation"])
     config = project["tool"]["mutmut"]
     # the modules docs/testing.md names are mutated; everything else is only copied
-    assert config["source_paths"] == ["src/fedfactor/"] and "src/fedfactor/simulator.py" not in config["do_not_mutate"]
+    assert config["source_paths"] == ["src/fedfactor/"] and "src/fedfactor/run/simulator.py" not in config["do_not_mutate"]
     argv = _argv(command)
     assert argv[0] == "mkdir" or argv[1] in ("run", "results", "show"), command
 

@@ -94,7 +94,7 @@ def test_prepare_data_archives(case, tmp_path, templates):
 
 @cases_of(probe.COUNTS)
 def test_counts_and_bounds(case, tmp_path, templates, monkeypatch):
-    from fedfactor.simulator import Simulator
+    from fedfactor.run.simulator import Simulator
 
     def trains(self, rnd):
         raise AssertionError(f"{case.id}: round {rnd} started; the count must be refused before training")
@@ -119,7 +119,7 @@ def test_rerun_of_a_finished_run(case, tmp_path, templates):
     assert_clean(case, tmp_path / "case", templates)
 
 
-# Some of the study files, through `snakemake -n` (tests/test_workflow.py has the rest of the workflow's)
+# Some of the study files, through `snakemake -n` (tests/study/test_workflow.py has the rest of the workflow's)
 @cases_of(probe.STUDY, only=["no study: key", "fedprox mu: -1", "method name with a typo beside a sound one",
                              "results is a file", "runs_per_job: 2.0"])
 def test_study_files(case, tmp_path, templates):
@@ -128,7 +128,7 @@ def test_study_files(case, tmp_path, templates):
 
 
 # A hand-edited or stale file of chosen values, through `snakemake -n`: it stops the DAG build in one
-# line naming the study file (tests/test_tuning.py checks each refusal's words)
+# line naming the study file (tests/study/test_tuning.py checks each refusal's words)
 @cases_of(probe.TUNING, only=["chosen fl.lr 99.0, in neither the grid nor the tried points", "values: {}",
                               "edited by hand after it was written", "tuning.points: 2.0"])
 def test_tuning_files(case, tmp_path, templates):

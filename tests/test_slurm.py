@@ -76,7 +76,7 @@ def test_profile_is_a_slurm_workflow_profile():
 def test_the_profile_stops_a_run_in_time_to_write_the_largest_planned_checkpoint():
     """The lead of the train rule's stop signal covers the write of the largest checkpoint any paper
     study plans (Stand-Alone's 100 VGG-16 models, 50.17 GiB, docs/plan.md) at the plan's write rate."""
-    from fedfactor import plan
+    from fedfactor.study import plan
 
     node = plan.profile_node(PROFILE, 1)
     assert node.lead == 900 and node.runtime == 360 and node.attempts == 4

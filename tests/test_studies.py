@@ -1,7 +1,7 @@
 """Every study file (config/studies/*.yaml, and the default config/config.yaml) builds a valid DAG.
 
 Without running anything: the study matches the workflow's schema, its run config exists, and every
-scenario x method loads exactly as the train rule builds it (`fedfactor.workflow.run_sets` on top of
+scenario x method loads exactly as the train rule builds it (`fedfactor.study.workflow.run_sets` on top of
 the run config), which checks method names and hyperparameters, dataset names and partition keys.
 Each scenario's partition spec is also resolved against its dataset and client count (class-group
 presets need a matching number of clients) and its model is built, as a run would, without data.
@@ -23,7 +23,7 @@ from fedfactor.config import load_config
 from fedfactor.data import dataset_info, task_label_maps
 from fedfactor.models import build_model, resolve_layers
 from fedfactor.methods import METHODS, build
-from fedfactor.workflow import method_entry, run_sets, scenario_sets, study_runs
+from fedfactor.study.workflow import method_entry, run_sets, scenario_sets, study_runs
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"

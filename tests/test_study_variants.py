@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from fedfactor.config import load_config
-from fedfactor.clients import build_partition
-from fedfactor.workflow import partition_sets, study_folder
+from fedfactor.run.clients import build_partition
+from fedfactor.study.workflow import partition_sets, study_folder
 
 from .conftest import snakemake_in_process
 

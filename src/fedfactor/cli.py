@@ -84,7 +84,7 @@ def _set_threads(n: int) -> None:
 def cmd_train(args) -> None:
     _set_threads(args.threads)
     from .devices import claim_gpus
-    from .job import train
+    from .run.job import train
 
     cfg = _config(args)
     claim_gpus(args.gpus, args.gpu_locks)
@@ -103,7 +103,7 @@ def cmd_train_runs(args) -> None:
     _set_threads(args.threads)
     from .config import load_config
     from .devices import claim_gpus
-    from .job import train_runs
+    from .run.job import train_runs
     from .methods import build
 
     runs = [(load_config(args.config, [*args.overrides, *run["set"]]), Path(run["out"]),
@@ -154,7 +154,7 @@ def _finished() -> None:
 
 
 def cmd_tune_select(args) -> None:
-    from . import tuning
+    from .study import tuning
 
     try:
         spec = json.loads(args.study)
@@ -196,7 +196,7 @@ MAX_COST_UPDATES = 500_000
 def cmd_cost(args) -> None:
     import math
 
-    from .simulator import Simulator
+    from .run.simulator import Simulator
 
     cfg = _config(args)
     updates = cfg.fl.rounds * math.ceil(cfg.fl.fraction * cfg.fl.clients)
@@ -222,7 +222,7 @@ def cmd_cost(args) -> None:
 
 def cmd_partition(args) -> None:
     from .data import load_dataset
-    from .clients import build_partition
+    from .run.clients import build_partition
 
     cfg = _config(args)
     ds = load_dataset(cfg.data.name, cfg.data.root, download=cfg.data.download)
@@ -355,7 +355,7 @@ def cmd_compare(args) -> None:
 
 
 def cmd_verdicts(args) -> None:
-    from .verdicts import cpu_counts, write_page
+    from .study.verdicts import cpu_counts, write_page
 
     rows = write_page(Path(args.studies), Path(args.cpu), Path(args.results), Path(args.out))
     counts = cpu_counts(rows)
@@ -364,7 +364,7 @@ def cmd_verdicts(args) -> None:
 
 
 def cmd_figures(args) -> None:
-    from .study_figures import study_figures
+    from .study.figures import study_figures
 
     written = study_figures(args.runs, Path(args.out), title=args.title, smoke=args.smoke)
     print(f"{len(written)} figures -> {args.out}")
@@ -419,7 +419,7 @@ def cmd_diagnose(args) -> None:
 
 
 def _live_figure(study) -> None:
-    from .progress import live_figure
+    from .study.progress import live_figure
 
     try:  # a view, like the progress line: it never fails the job
         live_figure(study)
@@ -428,7 +428,7 @@ def _live_figure(study) -> None:
 
 
 def _progress(run, study, elapsed: float | None) -> None:
-    from .progress import job_finished
+    from .study.progress import job_finished
 
     # The line and the live table are a view: whatever goes wrong here must not fail the training run
     # that has just finished.
@@ -443,7 +443,7 @@ MAX_GPU_GIB = 100_000  # far above any GPU's memory: 1e308 would overflow the by
 
 
 def cmd_plan(args) -> None:
-    from . import plan
+    from .study import plan
 
     gib = args.gpu_memory_gib
     if gib is not None and not 0 < gib <= MAX_GPU_GIB:  # also false for nan: nan, inf, 0 and below plan nothing

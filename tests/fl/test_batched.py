@@ -9,7 +9,7 @@ from torch import nn
 from fedfactor.config import load_config
 from fedfactor.errors import Interrupted
 from fedfactor.fl.batched import BatchedTrainer, batchable
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 from fedfactor.fl.state import clone
 from fedfactor.fl.train import Diverged, Optim, Phase, Split, Trainer
 

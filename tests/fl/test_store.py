@@ -6,12 +6,12 @@ import io
 import pytest
 import torch
 
-import fedfactor.simulator as simulator
+import fedfactor.run.simulator as simulator
 from fedfactor.config import load_config
 from fedfactor.errors import Interrupted, UsageError
 from fedfactor.fl.store import WHERE, ClientStates, choose
 from fedfactor.methods import METHODS
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 
 from ..conftest import TINY
 

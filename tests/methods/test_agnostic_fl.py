@@ -8,7 +8,7 @@ import torch
 from fedfactor.cli import main
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 from fedfactor.analysis.mixture import entropy, project_simplex
 from fedfactor.methods.agnostic_fl import LOSS
 

@@ -9,7 +9,7 @@ import torch
 
 from fedfactor.cli import main
 from fedfactor.config import load_config
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 from fedfactor.fl.train import Optim, Phase
 from fedfactor.methods import METHODS, Method
 from fedfactor.methods.base import Params
@@ -18,7 +18,7 @@ from ..conftest import record_uploads
 
 # The toy methods are registered for this file's tests only (toy_methods): registered at import time
 # they would stay in the global registry for the rest of the session, and the tests parametrized over
-# every method (tests/test_job.py) would collect them or not depending on which files came first.
+# every method (tests/run/test_job.py) would collect them or not depending on which files came first.
 TOYS = {}
 
 

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from fedfactor import simulator
+from fedfactor.run import simulator
 from fedfactor.config import load_config
 from fedfactor.data.datasets import Dataset, DatasetInfo
 from fedfactor.errors import UsageError
-from fedfactor.diagnostics.weights import save_client_weights
+from fedfactor.run.weights import save_client_weights
 from fedfactor.methods import METHODS
 from fedfactor.models.layers import effective_weight
 from fedfactor.diagnostics.layer_analysis import analyse_weights
@@ -57,7 +57,7 @@ def token_sim(monkeypatch, tiny):
     """token_sim(method, *overrides): a Simulator of char_lstm on the token dataset, 5 clients, one
     of them held out as a new client."""
     monkeypatch.setattr(simulator, "dataset_info", token_info)
-    monkeypatch.setattr("fedfactor.clients.load_dataset", token_dataset)
+    monkeypatch.setattr("fedfactor.run.clients.load_dataset", token_dataset)
 
     def make(method: str, *extra: str) -> simulator.Simulator:
         overrides = [*tiny, "data.name=tokens", "model.name=char_lstm", f"fl.clients={CLIENTS}", "fl.rounds=1",

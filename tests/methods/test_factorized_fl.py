@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fedfactor.config import load_config
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 from fedfactor.methods import METHODS, build
 from fedfactor.methods.factorized_fl import BITS, MATCH, VALUES
 from fedfactor.methods.simfed import CRITERIA
@@ -249,7 +249,7 @@ def test_domains_come_from_the_clients_classes(tiny):
 
 @pytest.mark.slow
 def test_diagnostics_land_in_the_run_folder(tiny, tmp_path):
-    from fedfactor.job import train
+    from fedfactor.run.job import train
 
     cfg = load_config(None, tiny + ["method.name=factorized_fl_beta", *PERMUTED])
     train(cfg, tmp_path)

@@ -6,7 +6,7 @@ import torch
 from fedfactor.cli import main
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 from fedfactor.fl.train import Batch
 from fedfactor.analysis.similarity import attention, mix, squared_distances
 

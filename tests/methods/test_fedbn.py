@@ -9,7 +9,7 @@ from torch import nn
 from fedfactor.cli import main
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 from fedfactor.methods import METHODS
 from fedfactor.models import HeadedModel
 

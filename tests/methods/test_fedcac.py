@@ -6,7 +6,7 @@ import torch
 from fedfactor.cli import main
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 from fedfactor.methods.fedcac import MASK, collaborators, critical_mask, overlaps, pack_mask, unpack_mask
 
 from ..conftest import record_uploads

@@ -3,7 +3,7 @@ import torch
 
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 from fedfactor.methods import build
 from fedfactor.models import build_model
 

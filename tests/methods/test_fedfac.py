@@ -5,7 +5,7 @@ import torch
 from fedfactor.analysis.factor import factor_analysis, split, unit_matrix
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 from fedfactor.fl.train import Phase
 from fedfactor.methods import build
 from fedfactor.methods.fedfac import MASK
@@ -221,7 +221,7 @@ def test_tau_accepts_numbers_and_quantiles_from_the_command_line(tiny):
 
 @pytest.mark.slow
 def test_client_weights_and_split_history_are_kept_for_diagnostics(tiny, tmp_path):
-    from fedfactor.job import train
+    from fedfactor.run.job import train
 
     cfg = load_config(None, tiny + ["method.name=fedfac", "method.max_iter=3", *TEXT])
     summary = train(cfg, tmp_path / "run")

@@ -6,7 +6,7 @@ import torch
 from fedfactor.cli import main
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 
 # cnn on digits: body.0 (conv 1->32, 5x5), body.3 (conv 32->64, 5x5), body.7 (fc 256->512), head (fc 512->10)
 BODY_FLOATS = (32 * 25 + 32) + (64 * 32 * 25 + 64) + (512 * 256 + 512)

@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from fedfactor.config import load_config
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 from fedfactor.methods import METHODS
-from fedfactor.workflow import study_runs
+from fedfactor.study.workflow import study_runs
 
 from ..conftest import SMOKE_SCALE
 

@@ -6,7 +6,7 @@ import torch
 from fedfactor.cli import main
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 
 # cnn on digits: layers 1 body.0 (conv 1->32, 5x5), 2 body.3 (conv 32->64, 5x5), 3 body.7 (fc 256->512), 4 head
 HEAD_FLOATS = 10 * 512 + 10

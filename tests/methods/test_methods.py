@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from fedfactor.config import load_config
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 from fedfactor.fl.state import weighted_average
 
 from ..conftest import record_uploads

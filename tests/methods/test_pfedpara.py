@@ -8,7 +8,7 @@ import torch
 from fedfactor.cli import main
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 from fedfactor.reparam import hadamard_layers
 
 from ..conftest import record_uploads

@@ -8,7 +8,7 @@ from torch import nn
 from fedfactor.cli import main
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 from fedfactor.fl.train import Optim, Split, Trainer
 from fedfactor.methods import METHODS, Context
 from fedfactor.methods.pfedsd import TEACHER, distillation

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedfactor.config import load_config
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 
 from ..conftest import TINY
 

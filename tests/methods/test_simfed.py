@@ -7,7 +7,7 @@ import torch
 
 from fedfactor.config import load_config
 from fedfactor.methods.simfed import CRITERIA
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 
 BN = ["model.name=cnn_bn"]  # the readings differ only where the body has BatchNorm
 

@@ -103,7 +103,7 @@ def test_config_key_model_pretrained(tmp_path):
 
 
 def test_costing_a_pretrained_config_needs_no_weights(torch_home, monkeypatch):
-    from fedfactor.simulator import Simulator
+    from fedfactor.run.simulator import Simulator
 
     monkeypatch.setattr(torch.hub, "download_url_to_file", _no_download)
     cfg = load_config("config/runs/fedfac.yaml", ["method.name=fedavg", "fl.rounds=1", "fl.clients=4",

@@ -13,7 +13,7 @@ from fedfactor.errors import UsageError
 from fedfactor.report.borrow import borrowed_claims, read_study_file
 from fedfactor.report.claims import evaluate_claims
 from fedfactor.report.spec import check_spec
-from fedfactor.workflow import implemented, study_spec
+from fedfactor.study.workflow import implemented, study_spec
 
 REPO = Path(__file__).resolve().parents[2]
 PAPER_STUDIES = sorted((REPO / "config" / "studies").glob("*.yaml"))

@@ -12,7 +12,7 @@ from fedfactor.errors import UsageError
 from fedfactor.methods import METHODS
 from fedfactor.report.spec import StudySpec
 from fedfactor.report.study import check_study_sections
-from fedfactor.workflow import implemented, study_spec
+from fedfactor.study.workflow import implemented, study_spec
 
 REPO = Path(__file__).resolve().parents[2]
 NUMBERS = REPO / "config" / "paper_numbers"
@@ -23,7 +23,7 @@ NOT_A_PAPER_STUDY = {"default_grid"}
 
 
 def _study_json(config):
-    """study.json as the workflow writes it from a study file (fedfactor.workflow.study_spec)."""
+    """study.json as the workflow writes it from a study file (fedfactor.study.workflow.study_spec)."""
     doc = study_spec(config, list(config["scenarios"]), implemented(config, list(config["methods"])))
     return json.loads(json.dumps(doc))
 

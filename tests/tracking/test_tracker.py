@@ -13,7 +13,7 @@ import math
 import pandas as pd
 import pytest
 
-from fedfactor import job
+from fedfactor.run import job
 from fedfactor.config import TrackingConfig, load_config
 from fedfactor.tracking import Tracker, run_identity
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 from snakemake.settings.types import DeploymentMethod
 
-from fedfactor import tuning
+from fedfactor.study import tuning
 from fedfactor.config import load_config
 from fedfactor.report.spec import SMOKE_TITLE
-from fedfactor.plan import check_run_memory, snakemake_retries
-from fedfactor.workflow import (check_results_folder, check_runs, check_study, dataset_name, final_entry, implemented,
+from fedfactor.study.plan import check_run_memory, snakemake_retries
+from fedfactor.study.workflow import (check_results_folder, check_runs, check_study, dataset_name, final_entry, implemented,
                                 method_sets, partition_sets, run_sets, scenario_overrides, scenario_sets, selected, slug,
                                 study_folder, study_runs, study_spec, tuning_entries, tuning_file)
 

@@ -63,6 +63,6 @@ rule train:
     # the terminal; each run's log is logs/train/SCENARIO/METHOD/seedN.log, appended to by every
     # attempt (an interrupted one's "checkpoint written" stays above the resumed one's lines).
     # study.smk's train_sets gives the DAG build's checks the same `--set`s in the same order: change
-    # both together (tests/test_workflow.py compares them).
+    # both together (tests/study/test_workflow.py compares them).
     shell:
         f"{TRAIN_COMMAND} --study {{params.study:q}} {{params.failed}} 2> {{log:q}}"

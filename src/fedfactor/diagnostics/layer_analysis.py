@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .runs import RunInfo, split_history
-from .weights import WEIGHTS_FILE, layer_weights, open_weights
+from ..run.weights import WEIGHTS_FILE, layer_weights, open_weights
 
 log = logging.getLogger("fedfactor")
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..report.figures import DatasetKey
 from ..report.runs import find_summaries, read_summary
-from .weights import WEIGHTS_FILE
+from ..run.weights import WEIGHTS_FILE
 
 SHARED_PREFIX, COMMUNALITY_PREFIX = "fedfac.shared.", "fedfac.communality."
 _ROUND_FILE = re.compile(r"round_(\d+)\.npy")

@@ -513,7 +513,7 @@ def load_study(path: str | Path) -> StudySpec:
 
 
 def check_spec(doc: Mapping[str, Any]) -> StudySpec:
-    """What the workflow hands the report steps (fedfactor.workflow.study_spec), checked; one
+    """What the workflow hands the report steps (fedfactor.study.workflow.study_spec), checked; one
     UsageError line on any problem."""
     try:
         return StudySpec.model_validate(doc)

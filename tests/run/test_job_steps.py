@@ -1,4 +1,4 @@
-"""The training job's steps, each alone and fast (tests/test_job.py runs them together as jobs): when a
+"""The training job's steps, each alone and fast (tests/run/test_job.py runs them together as jobs): when a
 checkpoint falls due, what a round leaves behind, the warnings a degenerate run ends with, and the
 checkpoint file read back and checked against its run before a resume."""
 
@@ -13,16 +13,16 @@ import pandas as pd
 import pytest
 import torch
 
-import fedfactor.job as job
+import fedfactor.run.job as job
 from fedfactor.config import load_config
 from fedfactor.errors import Interrupted, UsageError
 from fedfactor.methods.fedamp import FedAMP
-from fedfactor.records import RoundRecord, Scores
-from fedfactor.simulator import Simulator
+from fedfactor.run.records import RoundRecord, Scores
+from fedfactor.run.simulator import Simulator
 from fedfactor.fl.train import Split, Trainer
-from fedfactor.summary import summarize
+from fedfactor.run.summary import summarize
 
-from .conftest import TINY
+from ..conftest import TINY
 
 
 def _checkpoints(monkeypatch, tmp_path, *sets):
@@ -230,7 +230,7 @@ def test_a_plain_pickle_is_refused_in_one_line_and_torchs_warnings_stay_unshown(
     assert [str(w.message) for w in recwarn] == []
 
 
-# A stop signal in each phase of a run: training stops at its next step (tests/test_job.py), and the
+# A stop signal in each phase of a run: training stops at its next step (tests/run/test_job.py), and the
 # phases in between stop at once, from the signal's handler, not after the phase. Scoring a round
 # leaves no checkpoint (its training is committed, its scores are not), so the run goes back to the
 # last one; aggregation and the new clients' scoring leave the checkpoint of the last completed round.

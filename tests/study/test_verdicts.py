@@ -15,9 +15,9 @@ from fedfactor.cli import main
 from fedfactor.report.borrow import read_study_file
 from fedfactor.report.claims import CHECK_COLUMNS, COLUMNS
 from fedfactor.report.spec import SMOKE_COLUMN
-from fedfactor.verdicts import _PaperReader, paper_values, spec_of, write_page
+from fedfactor.study.verdicts import _PaperReader, paper_values, spec_of, write_page
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STUDIES = REPO / "config" / "studies"
 CPU = STUDIES / "cpu"
 PAPER_CLAIMS = 92  # every claim of config/studies/*.yaml
@@ -196,7 +196,7 @@ def test_the_verdicts_command_writes_the_page(tmp_path, monkeypatch):
 
 
 def test_a_papers_figure_is_named_after_its_first_name():
-    from fedfactor.verdicts import _slug
+    from fedfactor.study.verdicts import _slug
 
     assert _slug("Factorized-FL (000, NeurIPS 2022)") == "factorized_fl"
     assert _slug("FedFac / FedSplit (001)") == "fedfac"

@@ -26,14 +26,14 @@ from fedfactor.data import load_dataset
 from fedfactor.environment import versions
 from fedfactor.errors import Interrupted, RunFailed, UsageError
 from fedfactor.fl.batched import BatchedTrainer
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 from fedfactor.fl.train import Diverged, Trainer
 from fedfactor.io import check_output
-from fedfactor.job import CHECKPOINT, chance_accuracy, finished_summary, run_log, train, train_runs
+from fedfactor.run.job import CHECKPOINT, chance_accuracy, finished_summary, run_log, train, train_runs
 from fedfactor.methods import METHODS
 from fedfactor.methods.base import Method
 
-from .conftest import TINY
+from ..conftest import TINY
 
 pytestmark = pytest.mark.slow  # every test runs training jobs
 
@@ -109,7 +109,7 @@ def test_no_method_changes_the_clients_shared_initial_tensors(method):
 ])
 def test_checkpoints_fall_due_by_rounds_by_time_and_not_while_the_last_write_dominates(tmp_path, monkeypatch,
                                                                                        sets, written):
-    import fedfactor.job as job
+    import fedfactor.run.job as job
 
     clock = {"now": 0.0}
 
@@ -133,7 +133,7 @@ def test_checkpoints_fall_due_by_rounds_by_time_and_not_while_the_last_write_dom
 
 def test_a_checkpoint_without_room_beside_the_last_one_is_announced_before_it_is_written(tmp_path, monkeypatch,
                                                                                          caplog):
-    import fedfactor.job as job
+    import fedfactor.run.job as job
 
     monkeypatch.setattr(job.shutil, "disk_usage", lambda path: SimpleNamespace(total=10**9, used=10**9, free=1000))
     with caplog.at_level("WARNING"):

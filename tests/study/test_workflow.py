@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from fedfactor import tuning
+from fedfactor.study import tuning
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 
 
@@ -79,7 +79,7 @@ def test_default_study_tuning_dry_run(tmp_path):
 
 # One line naming the study file, the run and the key, before any job: a fedprox hyperparameter out of
 # range (checked as the train job checks it), and a file without `study:` (it would be merged into the
-# default study). tests/test_workflow_checks.py has every other class of bad study, called directly.
+# default study). tests/study/test_workflow_checks.py has every other class of bad study, called directly.
 @pytest.mark.parametrize("change, message", [
     ({"methods": {"prox": {"name": "fedprox", "mu": -1}}},
      "{study}: scenario 'a', method 'prox': method.mu: input should be greater than or equal to 0 (got -1)"),
@@ -231,10 +231,10 @@ def test_a_study_that_records_failed_runs_finishes_and_names_them(tmp_path, fedf
 
 
 # ---------------------------------------------------------------------------------------------
-# fedfactor.workflow: what the Snakefile asks of the package
+# fedfactor.study.workflow: what the Snakefile asks of the package
 
 from fedfactor.errors import UsageError  # noqa: E402
-from fedfactor.workflow import (check_overrides, deep_merge, implemented, method_entry, method_sets,  # noqa: E402
+from fedfactor.study.workflow import (check_overrides, deep_merge, implemented, method_entry, method_sets,  # noqa: E402
                                 run_sets, scenario_overrides, selected)
 
 

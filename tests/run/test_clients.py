@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 
 
 def test_best_val_without_validation_data_is_refused(tiny):
@@ -43,7 +43,7 @@ def test_natural_clients_hold_their_writers_samples_cut_80_20(pool):
 
 def test_build_partition_passes_owners_only_to_the_natural_kind():
     from fedfactor.data import load_dataset
-    from fedfactor.clients import build_partition
+    from fedfactor.run.clients import build_partition
 
     ds = load_dataset("synthetic:femnist")
     y = ds.y.numpy()
@@ -79,7 +79,7 @@ CUTS = [
 def _scored(cfg, y, n_official, owners, splits):
     """The sample indices a run with config `cfg` uses as each of `splits`, over every client (those
     held out as new clients too), as the simulator gives them under the run's test pool."""
-    from fedfactor.clients import build_partition, client_split, held_out_clients
+    from fedfactor.run.clients import build_partition, client_split, held_out_clients
 
     part = build_partition(cfg, y, n_official, int(y.max()) + 1, owners)
     assert set(held_out_clients(cfg.fl.clients, cfg.eval.new_clients, cfg.seed)) <= set(range(cfg.fl.clients))
@@ -118,7 +118,7 @@ def test_no_sample_a_final_run_scores_is_in_any_tuning_runs_train_or_validation_
 
 
 def test_a_partition_cut_with_another_data_seed_is_refused(tmp_path):
-    from fedfactor.clients import build_partition, read_partition
+    from fedfactor.run.clients import build_partition, read_partition
 
     y = np.repeat(np.arange(4), 50)
     cfg = load_config(None, ["fl.clients=4", "data.seed=3", f"partition.file={tmp_path / 'p.json'}"])

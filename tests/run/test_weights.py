@@ -1,4 +1,4 @@
-"""fedfactor.diagnostics.weights: the client weights a run keeps (client_weights.npz) and how
+"""fedfactor.run.weights: the client weights a run keeps (client_weights.npz) and how
 `fedfactor diagnose` reads them back, damaged files included."""
 
 import io
@@ -15,12 +15,12 @@ from fedfactor.config import load_config
 from fedfactor.diagnostics.diagnose import diagnose
 from fedfactor.diagnostics.layer_analysis import analyse_run
 from fedfactor.diagnostics.runs import read_runs
-from fedfactor.job import train
+from fedfactor.run.job import train
 from fedfactor.models.layers import effective_weight
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 
 from ..conftest import TINY
-from .conftest import LAYER, MODULE, make_run, planted
+from ..diagnostics.conftest import LAYER, MODULE, make_run, planted
 
 # -- what a run keeps: these run training jobs --------------------------------------------------
 

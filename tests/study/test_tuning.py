@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 import yaml
 
-from fedfactor import tuning
+from fedfactor.study import tuning
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
-from fedfactor.job import train
-from fedfactor.workflow import method_sets
+from fedfactor.run.job import train
+from fedfactor.study.workflow import method_sets
 
-from .conftest import TINY, snakemake_in_process
+from ..conftest import TINY, snakemake_in_process
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TUNING = {"file": "chosen.yaml", "seeds": [7, 8], "points": 4,
           "common": {"fl.lr": [0.01, 0.03, 0.1, 0.3]},
           "methods": {"simfed": {"fl.lr": [0.01, 0.1], "tau": [0.5, 0.9]}}}

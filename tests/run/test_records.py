@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fedfactor.fl.train import TrainLoss
-from fedfactor.records import RoundRecord, round_loss
+from fedfactor.run.records import RoundRecord, round_loss
 
 
 def test_a_rounds_loss_is_the_cross_entropy_with_each_extra_loss_in_a_column_of_its_own():

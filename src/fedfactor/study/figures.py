@@ -41,13 +41,13 @@ import numpy as np
 import pandas as pd
 from pydantic import BeforeValidator, Field
 
-from .errors import UsageError
-from .diagnostics import heatmaps
-from .diagnostics.decomp import (DIAGNOSTICS, MethodSettings, RunSettings, check_diagnostics, draw_decomposition,
+from ..errors import UsageError
+from ..diagnostics import heatmaps
+from ..diagnostics.decomp import (DIAGNOSTICS, MethodSettings, RunSettings, check_diagnostics, draw_decomposition,
                                  draw_elora, elora_data, is_sweep_run)
-from .report.figures import (DatasetKey, _read_metrics, decorate, holds_numbers, is_synthetic, legend_outside,
+from ..report.figures import (DatasetKey, _read_metrics, decorate, holds_numbers, is_synthetic, legend_outside,
                              mean_band, method_styles, panel_grid, pyplot, rounds_axis, save_figure)
-from .report.runs import Accuracy, _nan_is_null, find_summaries, read_summary
+from ..report.runs import Accuracy, _nan_is_null, find_summaries, read_summary
 
 ALWAYS = ("accuracy_rounds", "accuracy_bytes", "accuracy_time", "per_client")
 OPTIONAL = ("similarity", "matching", "similarity_spread", "decomp", "elora")

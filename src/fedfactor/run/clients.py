@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .config import Config
-from .data import Partition, load_dataset, make_partition, make_splits
-from .data.partition_kinds import SPLITS
-from .errors import UsageError
-from .fl.train import Split, derive_seed
+from ..config import Config
+from ..data import Partition, load_dataset, make_partition, make_splits
+from ..data.partition_kinds import SPLITS
+from ..errors import UsageError
+from ..fl.train import Split, derive_seed
 
 
 def build_partition(cfg: Config, y: np.ndarray, n_official_train: int, num_classes: int,

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, NoReturn, Sequence
 
-from .config import load_config, load_yaml, read_mapping
-from .data.datasets import SYNTHETIC_PREFIX
-from .errors import UsageError
+from ..config import load_config, load_yaml, read_mapping
+from ..data.datasets import SYNTHETIC_PREFIX
+from ..errors import UsageError
 
 
 def run_sets(overrides: dict[str, Any], **top: Any) -> list[str]:
@@ -216,7 +216,7 @@ def implemented(config: dict[str, Any], methods: list[str]) -> dict[str, bool]:
     """Method label -> whether its `name` is a registered method (a study may list a paper's
     baselines before they exist, marked `implemented: false`; they are skipped with a note, never
     silently)."""
-    from .methods import METHODS
+    from ..methods import METHODS
 
     return {m: config["methods"][m]["name"] in METHODS and config["methods"][m].get("implemented", True) is not False
             for m in methods}
@@ -228,7 +228,7 @@ def check_method_names(config: dict[str, Any]) -> None:
     without a word, and `snakemake -n` would pass."""
     import difflib
 
-    from .methods import METHODS
+    from ..methods import METHODS
 
     for label, entry in config["methods"].items():
         name, marker = entry["name"], entry.get("implemented", True)
@@ -244,7 +244,7 @@ def check_method_names(config: dict[str, Any]) -> None:
 def study_spec(config: dict[str, Any], scenarios: list[str], methods: dict[str, bool]) -> dict[str, Any]:
     """What the report steps need to know about the study, as results/<study>/study.json holds it:
     its own claims and those it takes from other studies (report/borrow.py)."""
-    from .report.borrow import borrowed_claims
+    from ..report.borrow import borrowed_claims
 
     borrowed, paper_scale_only = borrowed_claims(config)
     return {
@@ -316,8 +316,8 @@ def check_study(config: dict[str, Any]) -> None:
     order: the overrides, `select`, every method's name (and at least one implemented), the tuning
     section, the report's spec, the paper and claims sections. Nothing here loads a run config."""
     from . import tuning
-    from .report.spec import check_spec
-    from .report.study import check_study_sections
+    from ..report.spec import check_spec
+    from ..report.study import check_study_sections
 
     # the schema takes 2.0 for an integer, which then ends the DAG build in a traceback (range(2.0))
     for key in ("threads_per_job", "runs_per_job", "gpus_per_job", "seeds"):
@@ -429,9 +429,9 @@ def check_runs(run_config: str, runs: Iterable[tuple[str, list[str]]]) -> None:
     its model's name. The first problem ends the check as a UsageError naming the run. Runs are
     (name, sets), e.g. ("scenario 'a', method 'fedavg'", [...]); each dataset and partition is
     checked once."""
-    from .data import dataset_info, task_label_maps
-    from .methods import build
-    from .models import MODELS
+    from ..data import dataset_info, task_label_maps
+    from ..methods import build
+    from ..models import MODELS
 
     datasets: dict[tuple[str, str], Any] = {}
     partitions: set[str] = set()

@@ -22,13 +22,13 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from .io import atomic_write_text
-from .report.borrow import read_study_file
-from .report.cells import Values
-from .report.claims import NEEDS_PAPER_SCALE, NOT_RUN, VERDICTS, _deferred_rows, _Reader, evaluate_one
-from .report.figures import pyplot, save_figure
-from .report.paper import resolve_tables
-from .report.spec import Side, StudySpec, check_spec, with_text_variants
+from ..io import atomic_write_text
+from ..report.borrow import read_study_file
+from ..report.cells import Values
+from ..report.claims import NEEDS_PAPER_SCALE, NOT_RUN, VERDICTS, _deferred_rows, _Reader, evaluate_one
+from ..report.figures import pyplot, save_figure
+from ..report.paper import resolve_tables
+from ..report.spec import Side, StudySpec, check_spec, with_text_variants
 from .workflow import implemented, study_spec
 
 

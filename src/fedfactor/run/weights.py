@@ -18,7 +18,7 @@ import numpy as np
 from ..io import atomic_open
 
 if TYPE_CHECKING:
-    from ..simulator import Simulator
+    from .simulator import Simulator
 
 log = logging.getLogger("fedfactor")
 

@@ -25,21 +25,21 @@ import torch
 from tqdm import tqdm
 
 from .clients import client_domains, head_is_local, held_out_clients, load_clients, read_partition
-from .config import Config
-from .data import DatasetInfo, Partition, dataset_info
-from .data.augment import AUGMENT_KINDS
-from .data.partition_labels import task_label_maps
-from .devices import available_memory, memory_bytes, resolve_device
-from .errors import Interrupted, RunFailed, UsageError
-from .fl.batched import BatchedTrainer, batchable
-from .fl.comm import CommMeter
-from .fl.state import State, WeightedSum, clone
-from .fl.store import ClientStates, choose, move
-from .fl.train import Batch, Diverged, Optim, Phase, Split, Trainer, TrainLoss, derive_seed
-from .methods import Context, build
-from .methods.base import Method, refuse_recurrent
-from .models import build_model, resolve_layers
-from .models.layers import layer_entries
+from ..config import Config
+from ..data import DatasetInfo, Partition, dataset_info
+from ..data.augment import AUGMENT_KINDS
+from ..data.partition_labels import task_label_maps
+from ..devices import available_memory, memory_bytes, resolve_device
+from ..errors import Interrupted, RunFailed, UsageError
+from ..fl.batched import BatchedTrainer, batchable
+from ..fl.comm import CommMeter
+from ..fl.state import State, WeightedSum, clone
+from ..fl.store import ClientStates, choose, move
+from ..fl.train import Batch, Diverged, Optim, Phase, Split, Trainer, TrainLoss, derive_seed
+from ..methods import Context, build
+from ..methods.base import Method, refuse_recurrent
+from ..models import build_model, resolve_layers
+from ..models.layers import layer_entries
 from .records import RESERVED, RESERVED_PREFIX, RoundRecord, Scores, round_loss
 
 

@@ -31,18 +31,18 @@ import pandas as pd
 import torch
 import yaml
 
-from .config import CheckpointConfig, Config, flatten
-from .environment import versions
-from .errors import Interrupted, RunFailed, UsageError
+from ..config import CheckpointConfig, Config, flatten
+from ..environment import versions
+from ..errors import Interrupted, RunFailed, UsageError
 from .records import RoundRecord, Scores
 from .simulator import Simulator
 from .summary import ACCURACY_FIELDS, combined, summarize
-from .methods import build
-from .io import (NO_SPACE, atomic_open, atomic_write_json, atomic_write_npy, atomic_write_text, check_output,
+from ..methods import build
+from ..io import (NO_SPACE, atomic_open, atomic_write_json, atomic_write_npy, atomic_write_text, check_output,
                  folder_lock, full_disk_message, remove_stale_temporaries)
-from .tracking import FINAL_KEYS, RUN_FILES, STATE_FILE, Tracker, log_to_run, run_identity
-from .diagnostics.weights import WEIGHTS_FILE, save_client_weights
-from .report.runs import FAILED
+from ..tracking import FINAL_KEYS, RUN_FILES, STATE_FILE, Tracker, log_to_run, run_identity
+from .weights import WEIGHTS_FILE, save_client_weights
+from ..report.runs import FAILED
 
 log = logging.getLogger("fedfactor")
 

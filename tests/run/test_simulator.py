@@ -17,12 +17,12 @@ import torch
 from fedfactor.config import load_config
 from fedfactor.data.partition import Partition, labels_sha1
 from fedfactor.errors import UsageError
-from fedfactor.records import RoundRecord
-from fedfactor.simulator import Simulator
+from fedfactor.run.records import RoundRecord
+from fedfactor.run.simulator import Simulator
 from fedfactor.methods import METHODS
 from fedfactor.models.layers import layer_entries
 
-from .conftest import record_uploads
+from ..conftest import record_uploads
 
 TEST_COUNTS = [1, 2, 3, 4]  # official test images of classes 0..3
 
@@ -181,7 +181,7 @@ def test_a_methods_own_training_loop_gets_trainers_rule_for_a_batch_of_one(tiny,
 
 
 def _fast(method: str) -> list[str]:
-    """Settings that keep a method's round to a second on the tiny run (as tests/test_job.py's)."""
+    """Settings that keep a method's round to a second on the tiny run (as tests/run/test_job.py's)."""
     if method.startswith("fedfac"):  # the 64-channel conv, not the 512-unit fc: fast factor analyses;
         # the masking ablations' N(0, 1) filters diverge at the tiny run's lr
         return ["method.layers=[2]", "fl.on_divergence=skip", "fl.lr=0.01"]
@@ -310,7 +310,7 @@ def test_a_run_records_its_extra_losses_and_checkpoints_them_weights_only(tiny):
     (["method.name=local"], 5),  # nothing is received: every client keeps its whole model
 ])
 def test_clients_whose_states_cannot_fit_in_memory_are_refused_before_training(monkeypatch, extra, copies):
-    import fedfactor.simulator as simulator
+    import fedfactor.run.simulator as simulator
 
     cfg = load_config(None, ["data.name=digits", "fl.clients=4", "model.name=mlp", "tracking.enabled=false", *extra])
     model_bytes = (64 * 200 + 200 + 200 * 10 + 10) * 4
@@ -326,7 +326,7 @@ def test_only_the_clients_a_run_can_train_count_against_its_store(monkeypatch):
     """A client holds a state of its own once trained: one round of one client in four needs the
     model and one client's state, not four. Catches: a short rehearsal of a large run (one round of
     100 VGG-16 clients) refused for the states of clients it never trains."""
-    import fedfactor.simulator as simulator
+    import fedfactor.run.simulator as simulator
 
     sets = ["data.name=digits", "fl.clients=4", "model.name=mlp", "tracking.enabled=false", "method.name=local"]
     model_bytes = (64 * 200 + 200 + 200 * 10 + 10) * 4

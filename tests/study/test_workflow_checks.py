@@ -1,6 +1,6 @@
-"""The checks `snakemake -n` makes of a study before any job runs (fedfactor.workflow, called by the
+"""The checks `snakemake -n` makes of a study before any job runs (fedfactor.study.workflow, called by the
 Snakefile and workflow/rules/study.smk), grouped by input class, called directly: each refusal takes
-milliseconds. tests/test_workflow.py runs two of them through a real `snakemake -n`."""
+milliseconds. tests/study/test_workflow.py runs two of them through a real `snakemake -n`."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from fedfactor.errors import UsageError
-from fedfactor.workflow import (check_config_files, check_method_names, check_overrides, check_required_keys,
+from fedfactor.study.workflow import (check_config_files, check_method_names, check_overrides, check_required_keys,
                                 check_results_folder, check_runs, implemented, method_sets, run_sets, schema_problem)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCHEMA = str(REPO / "workflow" / "schemas" / "config.schema.yaml")
 DIGITS = str(REPO / "config" / "runs" / "digits.yaml")
 

@@ -14,9 +14,9 @@ import torch
 
 from fedfactor.config import load_config
 from fedfactor.errors import Interrupted
-from fedfactor.simulator import Simulator
+from fedfactor.run.simulator import Simulator
 
-from .conftest import TINY
+from ..conftest import TINY
 
 
 def _sim(*extra):

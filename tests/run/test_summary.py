@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from fedfactor.records import RoundRecord, Scores
-from fedfactor.summary import summarize
+from fedfactor.run.records import RoundRecord, Scores
+from fedfactor.run.summary import summarize
 
 
 def _record(rnd, test_mean, val_mean=None, weighted=None):

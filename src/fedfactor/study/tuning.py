@@ -26,8 +26,8 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
-from .errors import UsageError
-from .io import atomic_write_text
+from ..errors import UsageError
+from ..io import atomic_write_text
 
 FILE_VERSION = 1
 # The validation number a run is scored by, as summary.json holds it (summary.summarize): under
@@ -251,7 +251,7 @@ def read_chosen(tuning: dict[str, Any], scenarios: list[str], labels: list[str],
     and method the study runs present, and each method's values exactly its tuned keys, at a point of
     its grid that was tried and did not fail. Anything else: one UsageError line naming the file, the
     method and the key (tune again)."""
-    from .config import load_yaml
+    from ..config import load_yaml
 
     path = Path(tuning["file"])
     again = "run `snakemake tune` (with the study's --configfile) to tune again, or set tuning.use: false"

@@ -14,12 +14,13 @@ import pytest
 import torch
 import yaml
 
-from fedfactor import plan
+from fedfactor.study import plan
+from fedfactor.data.facts import DATASET_FACTS, dataset_facts
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
 from fedfactor.models import build_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DIGITS = str(REPO / "config" / "runs" / "digits.yaml")
 MiB, GiB = 2**20, 2**30
 
@@ -69,14 +70,14 @@ def test_training_memory_grows_with_the_batch():
 
 
 def test_local_steps_follow_rounds_clients_epochs_and_batches():
-    facts = plan.DATASET_FACTS["digits"]
+    facts = DATASET_FACTS["digits"]
     cfg = _cfg("fl.clients=20", "fl.rounds=20", "fl.epochs=2", "fl.batch_size=16", "fl.fraction=0.5")
     # 1,797 x 0.8 / 20 = 71.9 samples a client: 5 batches of 16, 10 clients a round
     assert plan.local_steps(cfg, facts) == 20 * 10 * 2 * 5
 
 
 def test_scored_samples_count_every_evaluated_round_and_each_clients_val_and_test():
-    facts = plan.DATASET_FACTS["digits"]
+    facts = DATASET_FACTS["digits"]
     fixed = ["partition.kind=dirichlet_fixed", "partition.samples_per_client.val=20",
              "partition.samples_per_client.test=30", "fl.clients=10", "fl.rounds=10", "eval.test_pool=client"]
     assert plan.scored_samples(_cfg(*fixed, "fl.eval_every=1"), facts) == 10 * 10 * (20 + 30)
@@ -189,7 +190,7 @@ def test_check_run_memory_refuses_gpu_memory_and_disk_each_in_one_line():
     config = {"study": "tiny_plan", "gpus_per_job": 1}
     runs = [("scenario 'iid', method 'fedavg'", ["model.name=cnn", "fl.clients=10", "method.name=fedavg"])]
     settings = lambda **train: SimpleNamespace(overwrite_resources={"train": train}, default_resources=None)  # noqa: E731
-    group = plan._group(plan._run_config(DIGITS, runs[0][1]), plan.dataset_facts("digits", "data"), "k", "run")
+    group = plan._group(plan._run_config(DIGITS, runs[0][1]), dataset_facts("digits", "data"), "k", "run")
     assert group.disk == 2 * group.memory.checkpoint + group.memory.kept > 10**6
     cases = [({"gpu": 1, "gpu_mem_mb": 1}, r"needs .* of GPU memory, the GPU has 1\.0 MiB \(gpu_mem_mb"),
              ({"disk_mb": 1}, r"needs .* of disk \(its checkpoint, .*, twice while a new one is written\), the "
@@ -414,7 +415,7 @@ def test_stand_alone_with_100_vgg16_clients_runs_a_round_on_disk_within_its_plan
     every client in memory, files left behind, and the plan's placement undercounting the host."""
     tiny = ["partition.kind=shards", "partition.classes_per_client=2", "fl.fraction=0.02"]
     real, peak, out = _rehearse(tmp_path, "fedfac_table2", "cifar100_S5/local", 30, *tiny, "store.client_states=disk")
-    g = plan._group(real, plan.dataset_facts(real.data.name, real.data.root), "k", "cifar100_S5/local")
+    g = plan._group(real, dataset_facts(real.data.name, real.data.root), "k", "cifar100_S5/local")
     node = plan.Node(24 * GiB, 0, "this machine")
     assert g.memory.states > 48 * GiB and plan.fit_problem(g, node)  # in memory: refused
     on_disk = plan.placed(g, node)
@@ -439,7 +440,7 @@ def _bad_study(tmp_path, **change):
     ({"runs_per_job": 2.0}, r"runs_per_job must be a whole number \(got 2.0\)"),
 ], ids=["unknown method", "points 2.0", "select", "runs_per_job 2.0"])
 def test_plan_refuses_a_study_in_one_line_naming_its_file(tmp_path, change, says):
-    # the DAG build gives the same line: tests/test_workflow.py compares the two
+    # the DAG build gives the same line: tests/study/test_workflow.py compares the two
     path = _bad_study(tmp_path, **change)
     with pytest.raises(UsageError, match=rf"^{re.escape(str(path))}: .*{says}") as refused:
         plan.read_study([path])

@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # a workflow run in a terminal
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 LINE = re.compile(r"^\[\d\d:\d\d:\d\d\] perm/(\w+)/seed(\d): accuracy \d+\.\d\d% in .+ \| (\d)/4 runs done, (\d) left")
 

@@ -9,10 +9,10 @@ from PIL import Image
 
 from fedfactor.errors import UsageError
 from fedfactor.report.figures import SMOKE_TITLE, method_styles
-from fedfactor.study_figures import (ALWAYS, OPTIONAL, _accuracy_figure, _spread_figure, _spread_rows, load_study,
+from fedfactor.study.figures import (ALWAYS, OPTIONAL, _accuracy_figure, _spread_figure, _spread_rows, load_study,
                                      study_figures)
 
-from .conftest import write_content
+from ..conftest import write_content
 
 PNG, PDF = b"\x89PNG\r\n\x1a\n", b"%PDF"
 K, ROUNDS = 4, 3

@@ -25,12 +25,12 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .io import atomic_write_json, atomic_write_text
+from ..io import atomic_write_json, atomic_write_text
 
 PLAN = "progress.json"  # in the study folder
 LIVE = "live.md"  # in the study folder
 LIVE_FIGURE = "live_rounds.png"  # in the study folder, redrawn as each training job ends
-CHECKPOINT = "checkpoint.pt"  # fedfactor.job.CHECKPOINT (not imported: that module imports torch)
+CHECKPOINT = "checkpoint.pt"  # fedfactor.run.job.CHECKPOINT (not imported: that module imports torch)
 
 
 def write_plan(study_dir: str | Path, runs: list[str], command: list[str], title: str = "Results",
@@ -114,7 +114,7 @@ def live_table(study_dir: str | Path, now: float | None = None) -> str:
     """The study's results table (`fedfactor table`'s markdown) from the runs finished so far, with
     what is still missing; written to STUDY/live.md. Concurrent jobs take turns (a lock), so the
     last one to finish writes the table with the most runs."""
-    from .report.table import aggregate, collect, to_markdown
+    from ..report.table import aggregate, collect, to_markdown
 
     now = time.time() if now is None else now
     study_dir = Path(study_dir)
@@ -146,7 +146,7 @@ def live_table(study_dir: str | Path, now: float | None = None) -> str:
 def live_figure(study_dir: str | Path) -> Path | None:
     """Accuracy against rounds of the runs finished so far (`fedfactor figures`' first figure), its
     title counting them, as STUDY/live_rounds.png; None before any run has finished."""
-    from .report.figures import accuracy_curves, load_curves
+    from ..report.figures import accuracy_curves, load_curves
 
     study_dir = Path(study_dir)
     if not (study_dir / PLAN).exists():  # a job started outside the workflow
@@ -217,7 +217,7 @@ def finished_message(study_dir: str | Path, table: str | Path, mlflow_uri: str |
 
 def _failed(study: Path, runs: list[str]) -> list[tuple[str, str]]:
     """(run, why it failed) of the runs among `runs` whose folder holds failed.json."""
-    from .report.runs import FAILED
+    from ..report.runs import FAILED
 
     out = []
     for run in runs:

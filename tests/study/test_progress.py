@@ -9,7 +9,7 @@ import time
 import pytest
 
 from fedfactor.cli import _progress
-from fedfactor.progress import (LIVE, LIVE_FIGURE, PLAN, QuietTerminal, finished_message, live_figure, live_table,
+from fedfactor.study.progress import (LIVE, LIVE_FIGURE, PLAN, QuietTerminal, finished_message, live_figure, live_table,
                                 progress_line, quiet_terminal, read_plan, run_states, start_message, stopped_message,
                                 write_plan)
 
@@ -147,7 +147,7 @@ def test_progress_is_cheap(study):
     import sys
 
     # CPU seconds, import included: wall time on a busy test machine says little
-    code = ("import sys, time; t = time.process_time(); from fedfactor.progress import progress_line; "
+    code = ("import sys, time; t = time.process_time(); from fedfactor.study.progress import progress_line; "
             f"progress_line({str(study / 'runs' / 'a/local/seed0')!r}, {str(study)!r}); "
             "print(time.process_time() - t, 'torch' in sys.modules, 'pandas' in sys.modules)")
     seconds, torch, pandas = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
