@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 import torch
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -18,25 +19,12 @@ TINY = [
     "fl.batch_size=32", "fl.lr=0.05", "fl.device=cpu", "tracking.enabled=false",
 ]
 
-# The smoke runs' width (model.width_multiplier) for the papers' ResNets: their layers, names and
-# methods as in the paper, at 1/64 of the multiply-adds; full width is what the paper-scale rehearsals
-# (tests/study/test_plan.py) and the models' own tests run.
-SMOKE_WIDTH = 0.125
-# Run config -> what keeps one of its smoke jobs to seconds on a CPU, for the study smoke runs
+# Run config -> what keeps one of its smoke jobs to seconds on a CPU (config/scale/smoke.yaml's
+# `smoke_scale`, which the workflow applies in a smoke study), for the study smoke runs
 # (tests/test_study_smoke.py) and every baseline under its study's protocol
-# (tests/methods/test_in_studies.py). The study's own scenario settings stay: class-group presets
-# need their number of clients, FedDecomp's E_lora sweep its epochs.
-SMOKE_SCALE = {
-    "factorized_fl.yaml": {"fl": {"epochs": 1}, "model": {"width_multiplier": SMOKE_WIDTH}},
-    "simfed.yaml": {"fl": {"epochs": 1}, "model": {"width_multiplier": SMOKE_WIDTH}},
-    # 300 images for 100 clients would leave some without test images; no internet for ImageNet weights
-    "fedfac.yaml": {"fl": {"epochs": 1, "clients": 4}, "model": {"pretrained": False, "width_multiplier": SMOKE_WIDTH}},
-    "feddecomp.yaml": {"fl": {"clients": 4}, "model": {"width_multiplier": SMOKE_WIDTH},
-                       "partition": {"samples_per_client": {"train": 10, "val": 4, "test": 4}}},
-    "feddecomp_digits.yaml": {"fl": {"clients": 4}},
-    "digits.yaml": {"fl": {"epochs": 1}},  # the full grid (default_grid.yaml): the default study's run config
-    "cpu_fedfac.yaml": {"fl": {"epochs": 1, "clients": 4}},  # the CPU-scale FedFac studies (config/studies/cpu/fedfac*.yaml)
-}
+# (tests/methods/test_in_studies.py).
+SMOKE_SCALE = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "scale" / "smoke.yaml").read_text(
+    encoding="utf-8"))["smoke_scale"]
 
 
 @pytest.fixture(scope="session")

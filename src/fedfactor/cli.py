@@ -18,10 +18,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import __version__
 from .errors import Interrupted, RunFailed, UsageError
+
+if TYPE_CHECKING:  # the commands import what they run when they run (a fast --help)
+    from .run.setup import RunSetup
 
 log = logging.getLogger("fedfactor")
 # what `fedfactor --help` opens with: what the tool is for a newcomer, not the contract above
@@ -49,13 +52,12 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
                         "50.5 s with it, 8.7 s with 1, the same result); give more to one large job on idle cores")
 
 
-def _config(args):
-    from .config import load_config
-    from .methods import build
+def _setup(args: argparse.Namespace) -> RunSetup:
+    """The run the command line describes, set up: its method's hyperparameters typed and checked,
+    every default filled in (run.setup)."""
+    from .run.setup import read_run
 
-    cfg = load_config(args.config, args.overrides)
-    cfg.method = build(cfg.method).spec  # the method's hyperparameters typed and checked, defaults filled in
-    return cfg
+    return read_run(args.config, args.overrides)
 
 
 def _set_threads(n: int) -> None:
@@ -86,9 +88,9 @@ def cmd_train(args) -> None:
     from .devices import claim_gpus
     from .run.job import train
 
-    cfg = _config(args)
+    setup = _setup(args)
     claim_gpus(args.gpus, args.gpu_locks)
-    summary = train(cfg, Path(args.out), hold_signals=True)
+    summary = train(setup, Path(args.out), hold_signals=True)
     _finished()
     # accuracies in %, as the workflow's lines and tables show them
     print(f"{summary['scenario']}/{summary['method']}/seed{summary['seed']}: accuracy {100 * summary['accuracy']:.2f}% "
@@ -101,15 +103,12 @@ def cmd_train(args) -> None:
 def cmd_train_runs(args) -> None:
     started = time.monotonic()
     _set_threads(args.threads)
-    from .config import load_config
     from .devices import claim_gpus
     from .run.job import train_runs
-    from .methods import build
+    from .run.setup import read_run
 
-    runs = [(load_config(args.config, [*args.overrides, *run["set"]]), Path(run["out"]),
+    runs = [(read_run(args.config, [*args.overrides, *run["set"]]), Path(run["out"]),
              Path(run["log"]) if run.get("log") else None) for run in _run_list(args.runs)]
-    for cfg, _, _ in runs:
-        cfg.method = build(cfg.method).spec
     claim_gpus(args.gpus, args.gpu_locks)
 
     def finished(out: Path, seconds: float) -> None:
@@ -198,13 +197,14 @@ def cmd_cost(args) -> None:
 
     from .run.simulator import Simulator
 
-    cfg = _config(args)
+    setup = _setup(args)
+    cfg = setup.cfg
     updates = cfg.fl.rounds * math.ceil(cfg.fl.fraction * cfg.fl.clients)
     if updates > MAX_COST_UPDATES:
         raise UsageError(f"cost replays each round: {cfg.fl.rounds:,} rounds x {updates // cfg.fl.rounds:,} clients "
                          f"trained a round = {updates:,} updates, over the {MAX_COST_UPDATES:,} it replays; "
                          "cost fewer rounds and scale (bytes grow with the rounds)")
-    sim = Simulator(cfg, dry_run=True)
+    sim = Simulator(cfg, dry_run=True, method=setup.method)
     sim.run()
     m = sim.meter
     result = {"method": cfg.method["name"], "model": cfg.model.name, "dataset": cfg.data.name,
@@ -224,7 +224,7 @@ def cmd_partition(args) -> None:
     from .data import load_dataset
     from .run.clients import build_partition
 
-    cfg = _config(args)
+    cfg = _setup(args).cfg
     ds = load_dataset(cfg.data.name, cfg.data.root, download=cfg.data.download)
     y = ds.y.numpy()
     part = build_partition(cfg, y, ds.n_official_train, ds.info.num_classes, ds.owners)
@@ -690,7 +690,7 @@ def _add_study_commands(sub: argparse._SubParsersAction) -> None:
 
 
 # Each command's output options and what they name, checked before the command runs.
-OUTPUTS = {
+OUTPUTS: dict[str, list[tuple[str, Literal["folder", "file"]]]] = {
     "train": [("out", "folder")], "train-runs": [("done", "file")], "partition": [("out", "file")],
     "prepare-data": [("root", "folder"), ("out", "file")], "mlflow-init": [("out", "file")],
     "table": [("out_md", "file"), ("out_csv", "file"), ("out_html", "file"), ("out_tex", "file")], "study-spec": [("out", "file")],

@@ -15,7 +15,7 @@ from __future__ import annotations
 import reprlib
 import stat
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, NoReturn, Sequence, TypeVar, cast
 
 import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError,
@@ -109,7 +109,7 @@ class PartitionConfig(Section):
         except ValidationError:
             raise ValueError("must be a preset name or a non-empty list of non-empty lists of classes") from None
 
-    def spec(self) -> dict:
+    def spec(self) -> dict[str, Any]:
         return self.model_dump(exclude={"file"})
 
 
@@ -124,13 +124,13 @@ class ModelConfig(Section):
     width_multiplier: Float = Field(1.0, gt=0, le=1)
 
     @model_serializer(mode="wrap")
-    def _full_width_unwritten(self, handler: SerializerFunctionWrapHandler) -> dict:
+    def _full_width_unwritten(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # The key came after runs were written: at full width it stays out of config.yaml, the
         # fingerprint and MLflow's params, so those runs keep theirs and resume.
         data = handler(self)
         if self.width_multiplier == 1.0:
             data.pop("width_multiplier", None)
-        return data
+        return cast(dict[str, Any], data)
 
 
 class FLConfig(Section):
@@ -287,10 +287,10 @@ class Config(Section):
     diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return self.model_dump()
 
-    def result_dict(self) -> dict:
+    def result_dict(self) -> dict[str, Any]:
         """What determines the results: everything but where they are mirrored, checkpointed and which
         weights are kept for diagnostics, and where the clients' states wait (identical results)."""
         return {k: v for k, v in self.to_dict().items()
@@ -301,7 +301,7 @@ class Config(Section):
         return flatten(self.to_dict())
 
 
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
@@ -340,7 +340,7 @@ def _valid_keys(model: type[BaseModel], dotted: str) -> str:
     return "; valid keys here: " + ", ".join(model.model_fields)
 
 
-def _set_dotted(d: dict, dotted: str, value: Any) -> None:
+def _set_dotted(d: dict[str, Any], dotted: str, value: Any) -> None:
     keys = dotted.split(".")
     for k in keys[:-1]:
         d = d.setdefault(k, {})
@@ -359,7 +359,7 @@ class _StrictLoader(yaml.SafeLoader):
     unnoticed), a key that is a list or a mapping (`? [a]`: unhashable, a TypeError in PyYAML), and
     `!!binary` bytes (pydantic would coerce b"1" to the number 1)."""
 
-    def construct_mapping(self, node, deep=False):
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         seen = set()
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: explicit keys may override it
@@ -372,7 +372,7 @@ class _StrictLoader(yaml.SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep)
 
-    def construct_yaml_binary(self, node):
+    def construct_yaml_binary(self, node: Any) -> NoReturn:
         raise _Refused(None, None, "a !!binary value; config values are text, numbers, lists or mappings",
                        node.start_mark)
 
@@ -472,7 +472,7 @@ def regular_file(path: str | Path, what: str, missing: str = "") -> Path:
     return path
 
 
-def read_mapping(path: str | Path | None) -> dict:
+def read_mapping(path: str | Path | None) -> dict[str, Any]:
     """A YAML config file as a dict ({} without a path, or for a file that is empty or holds
     comments only); every failure is one UsageError."""
     if path is None:
@@ -502,7 +502,7 @@ def _nothing_written(text: str) -> bool:
     return node is None or (isinstance(node, yaml.ScalarNode) and node.value == "" and node.tag.endswith(":null"))
 
 
-def apply_overrides(raw: dict, overrides: list[str]) -> None:
+def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> None:
     """Apply `--set dotted.key=value` items to a raw config mapping, in order."""
     for item in overrides:
         _set_dotted(raw, *parse_set(item))
@@ -511,7 +511,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> None:
 M = TypeVar("M", bound=BaseModel)
 
 
-def validated(model: type[M], raw: dict) -> M:
+def validated(model: type[M], raw: dict[str, Any]) -> M:
     """`raw` as the typed config `model`; the first problem as one UsageError naming the key."""
     try:
         return model.model_validate(raw)
@@ -522,7 +522,7 @@ def validated(model: type[M], raw: dict) -> M:
         raise UsageError(message) from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     raw = read_mapping(path)
     if isinstance(raw.get("method"), str):  # `method: fedavg` is short for `method: {name: fedavg}`
         raw["method"] = {"name": raw["method"]}

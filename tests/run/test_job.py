@@ -29,6 +29,7 @@ from fedfactor.fl.batched import BatchedTrainer
 from fedfactor.run.simulator import Simulator
 from fedfactor.fl.train import Diverged, Trainer
 from fedfactor.io import check_output
+from fedfactor.run.setup import set_up
 from fedfactor.run.job import CHECKPOINT, chance_accuracy, finished_summary, run_log, train, train_runs
 from fedfactor.methods import METHODS
 from fedfactor.methods.base import Method
@@ -278,7 +279,7 @@ def test_runs_in_one_process_equal_separate_runs_skip_finished_ones_and_outlive_
     cfgs = {"alpha": load_config(None, [*TINY, "method.name=factorized_fl_alpha"]),
             "diverges": load_config(None, [*TINY, "fl.lr=1e6", "fl.momentum=0"]),
             "fedavg": load_config(None, [*TINY, "seed=1"])}
-    runs = [(cfg, tmp_path / name, tmp_path / "logs" / f"{name}.log") for name, cfg in cfgs.items()]
+    runs = [(set_up(cfg), tmp_path / name, tmp_path / "logs" / f"{name}.log") for name, cfg in cfgs.items()]
     finished = []
     failures = train_runs(runs, lambda out, seconds: finished.append((out.name, seconds)))
     assert [name for name, _ in finished] == ["alpha", "fedavg"] and all(s > 0 for _, s in finished)
@@ -298,10 +299,11 @@ def test_runs_in_one_process_equal_separate_runs_skip_finished_ones_and_outlive_
         assert {k: v for k, v in alone[0].items() if k != "config"} == \
             {k: v for k, v in together[0].items() if k != "config"}
         pd.testing.assert_frame_equal(alone[1], together[1])
-        assert finished_summary(cfgs[name], tmp_path / name) is not None
+        assert finished_summary(set_up(cfgs[name]).cfg, tmp_path / name) is not None
 
     stamp = (tmp_path / "alpha" / "summary.json").stat().st_mtime_ns
     finished.clear()
+    runs = [(set_up(setup.cfg), out, log) for setup, out, log in runs]  # a set-up run trains once
     assert len(train_runs(runs, lambda out, seconds: finished.append(out.name))) == 1  # it fails again
     assert finished == [] and (tmp_path / "alpha" / "summary.json").stat().st_mtime_ns == stamp
     assert "holds this run, finished: skipped" in (tmp_path / "logs" / "alpha.log").read_text()
@@ -666,7 +668,7 @@ def test_a_run_file_that_is_a_folder_is_refused_before_anything_is_written(tmp_p
     with pytest.raises(UsageError, match=r"summary.json is a folder; move it away"):
         train(_cfg(*KEPT), out)
     with pytest.raises(UsageError, match=r"summary.json is a folder; move it away"):
-        train_runs([(_cfg(*KEPT), out, None)])
+        train_runs([(set_up(_cfg(*KEPT)), out, None)])
     assert sorted(p.name for p in out.iterdir()) == before
 
 

@@ -18,6 +18,7 @@ from fedfactor.config import load_config
 from fedfactor.errors import Interrupted, UsageError
 from fedfactor.methods.fedamp import FedAMP
 from fedfactor.run.records import RoundRecord, Scores
+from fedfactor.run.setup import read_run
 from fedfactor.run.simulator import Simulator
 from fedfactor.fl.train import Split, Trainer
 from fedfactor.run.summary import summarize
@@ -317,7 +318,7 @@ def test_a_signal_during_a_runs_last_writes_stops_the_jobs_next_run(tmp_path, mo
             signal.raise_signal(signal.SIGTERM)
 
     monkeypatch.setattr(job, "_finish_tracking", finish_then_signal)
-    runs = [(load_config(None, [*TINY, *SMALL, "fl.rounds=1", f"seed={s}"]), tmp_path / f"run{s}", None) for s in (0, 1)]
+    runs = [(read_run(None, [*TINY, *SMALL, "fl.rounds=1", f"seed={s}"]), tmp_path / f"run{s}", None) for s in (0, 1)]
     with pytest.raises(Interrupted):
         job.train_runs(runs, hold_signals=True)
     assert (tmp_path / "run0" / "summary.json").exists() and not (tmp_path / "run1" / "summary.json").exists()

@@ -152,7 +152,7 @@ def test_a_step_is_timed_through_the_trainer_and_its_flops_grow_with_the_batch()
 
     with torch.device("meta"):
         net = build_model("cnn", 1, 8, 8, 10)
-    small, large = (plan.step_cost(net, (1, 8, 8), False, _cfg("model.name=cnn", f"fl.batch_size={b}"), "none")
+    small, large = (plan.step_cost(net, (1, 8, 8), False, _cfg("model.name=cnn", f"fl.batch_size={b}").fl, "none")
                     for b in (8, 32))
     assert small.step_seconds > 0 and small.score_seconds > 0
     assert large.step_flops == pytest.approx(4 * small.step_flops, rel=0.01)

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from fedfactor.study import tuning
+from fedfactor.study.workflow import study_runs
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
@@ -45,25 +46,29 @@ def test_default_study_dry_run(tmp_path):
     assert jobs["table"] == 1 and jobs["figures"] == 1 and jobs["mlflow_init"] == 1 and jobs["diagnose"] == 1
     assert jobs["study_spec"] == 1 and "paper_tables" not in jobs and "claims" not in jobs  # no paper behind it
 
-    # The DAG build checks each run config as its train job will load it: study.smk's train_sets gives
-    # the `--set`s of the train rule's command in its order. A change to one needs the other.
+    # The train rule's commands give each run the `--set`s of the study's expansion (study_runs, which
+    # the DAG build's checks load too): the scenario's, the four the workflow sets for a seed, then
+    # the method's at the values chosen on validation.
     study = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     chosen = tuning.read_chosen({**study["tuning"], "file": REPO / study["tuning"]["file"]}, list(study["scenarios"]),
                                 list(study["methods"]))
+    runs = {(r.scenario, r.method): r for r in study_runs(study, chosen) if r.kind == "final"}
     commands = re.findall(r"^Shell command: .*fedfactor train-runs .*$", r.stdout, re.M)
     assert len(commands) == 20
+    trained = []
     for command in commands:
         argv = shlex.split(command)
         sets = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--set"]
         scenario = json.loads(next(s for s in sets if s.startswith("scenario=")).split("=", 1)[1])
-        overrides = run_sets(scenario_overrides(study, scenario), scenario=scenario, data={"root": "data"})
-        assert sets[:-4] == overrides and [s.split("=", 1)[0] for s in sets[-4:]] == [
+        seed = json.loads(next(s for s in sets if s.startswith("seed=")).split("=", 1)[1])
+        assert [s.split("=", 1)[0] for s in sets[-4:]] == [
             "seed", "partition.file", "tracking.uri", "tracking.experiment_id"], command
         for run in json.loads(argv[argv.index("--runs") + 1]):
-            method = run["out"].split("/")[-2]
-            # every run at the values chosen on validation for its scenario
-            entry = tuning.with_values(study["methods"][method], chosen[scenario][method])
-            assert run["set"] == method_sets(entry, method) and chosen[scenario][method]
+            expected = runs[scenario, run["out"].split("/")[-2]]
+            assert sets[:-4] == expected.scenario_sets and run["set"] == expected.method_sets, command
+            assert seed in expected.seeds and chosen[scenario][expected.method]  # tuned values in the entry
+            trained.append((expected.name, seed))
+    assert sorted(trained) == sorted((r.name, s) for r in runs.values() for s in r.seeds)  # each run once
 
 
 @pytest.mark.slow
@@ -235,7 +240,7 @@ def test_a_study_that_records_failed_runs_finishes_and_names_them(tmp_path, fedf
 
 from fedfactor.errors import UsageError  # noqa: E402
 from fedfactor.study.workflow import (check_overrides, deep_merge, implemented, method_entry, method_sets,  # noqa: E402
-                                run_sets, scenario_overrides, selected)
+                                scenario_overrides, selected)
 
 
 def _study(**extra):
@@ -257,6 +262,22 @@ def test_a_smoke_study_swaps_each_dataset_for_its_synthetic_stand_in():
     assert scenario_overrides(study, "a")["data"] == {"name": "synthetic:digits"}  # the run config's dataset
     assert scenario_overrides(study, "b")["data"] == {"name": "synthetic:cifar10"}
     assert "data" not in scenario_overrides(_study(), "a")
+
+
+def test_a_smoke_study_takes_its_run_configs_smoke_scale_on_top_of_the_overrides():
+    scale = {"digits.yaml": {"fl": {"epochs": 1}, "model": {"width_multiplier": 0.5}}, "other.yaml": {"seed": 3}}
+    study = _study(smoke=True, smoke_scale=scale, overrides={"fl": {"rounds": 2, "epochs": 3}})
+    assert scenario_overrides(study, "a") == {"partition": {"kind": "iid"}, "fl": {"rounds": 2, "epochs": 1},
+                                              "model": {"width_multiplier": 0.5}, "data": {"name": "synthetic:digits"}}
+    assert scenario_overrides({**study, "smoke": False}, "a")["fl"] == {"rounds": 2, "epochs": 3}  # not smoke: none
+
+
+def test_every_run_config_a_study_uses_has_its_smoke_scale():
+    scale = yaml.safe_load((REPO / "config" / "scale" / "smoke.yaml").read_text())["smoke_scale"]
+    studies = [yaml.safe_load(p.read_text()) for p in (REPO / "config").glob("**/*.yaml") if "studies" in p.parts
+               or p.name == "config.yaml"]
+    used = {Path(s["run_config"]).name for s in studies if "run_config" in s}
+    assert used and used <= set(scale), sorted(used - set(scale))
 
 
 def test_select_narrows_a_study_in_its_own_order_and_names_unknown_entries():

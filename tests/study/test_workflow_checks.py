@@ -15,7 +15,8 @@ from snakemake.utils import validate
 
 from fedfactor.errors import UsageError
 from fedfactor.study.workflow import (check_config_files, check_method_names, check_overrides, check_required_keys,
-                                check_results_folder, check_runs, implemented, method_sets, run_sets, schema_problem)
+                                      check_results_folder, check_runs, checked_runs, implemented, method_sets,
+                                      schema_problem)
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = str(REPO / "workflow" / "schemas" / "config.schema.yaml")
@@ -23,7 +24,8 @@ DIGITS = str(REPO / "config" / "runs" / "digits.yaml")
 
 
 def _study(**changes) -> dict:
-    study = {"study": "s", "run_config": DIGITS, "seeds": [0], "scenarios": {"a": {"partition": {"kind": "iid"}}},
+    study = {"study": "s", "run_config": DIGITS, "data_root": "data", "seeds": [0],
+             "scenarios": {"a": {"partition": {"kind": "iid"}}},
              "methods": {"fedavg": {"name": "fedavg"}}}
     study.update(changes)
     return study
@@ -148,18 +150,14 @@ def test_a_methods_own_training_settings_and_a_scenarios_data_root_are_fine():
 
 # -- every run config, as its train job loads it ---------------------------------------------------
 
-def _runs(study: dict, seed: int = 0) -> list[tuple[str, list[str]]]:
-    """The runs study.smk's checked_runs gives check_runs, built the same way (train_sets)."""
-    return [(f"scenario {s!r}, method {m!r}",
-             [*run_sets(overrides, scenario=s, data={"root": "data"}), f"seed={seed}",
-              f"partition.file=results/s/partitions/{s}/seed{seed}.json", "tracking.uri=sqlite:///results/mlflow.db",
-              "tracking.experiment_id=0", *method_sets(entry, m)])
-            for s, overrides in study["scenarios"].items() for m, entry in study["methods"].items()]
+def _runs(study: dict) -> list[tuple[str, list[str]]]:
+    """The runs study.smk gives check_runs: the study's expansion, each at its seeds (checked_runs)."""
+    return checked_runs(study, None, "results/s", "sqlite:///results/mlflow.db")
 
 
 def _check(**change) -> None:
     study = _study(**change)
-    check_runs(study["run_config"], _runs(study, study["seeds"][0]))
+    check_runs(study["run_config"], _runs(study))
 
 
 def test_a_sound_study_passes_and_so_does_what_the_train_job_would_coerce():

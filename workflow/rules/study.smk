@@ -49,31 +49,8 @@ def train_sets(scenario, method, seed, entry=None, label=None):
     (train.smk; tune.smk's tuning runs give their `entry` and `label`), its MLflow experiment id (known
     once mlflow_init has run) a stand-in."""
     entry = study_entry(scenario, method) if entry is None else entry
-    return seed_sets(scenario, scenario_run_sets(scenario), seed, method_sets(entry, label or method))
-
-
-def seed_sets(scenario, of_scenario, seed, of_method):
-    """A run's `--set`s: the scenario's, then what the workflow sets for one seed, then the method's."""
-    partition = f"{STUDY_DIR}/partitions/{scenario}/seed{seed}.json"
-    return [*of_scenario, f"seed={seed}", f"partition.file={partition}", f"tracking.uri={MLFLOW_URI}",
-            "tracking.experiment_id=0", *of_method]
-
-
-def run_check(run, seed):
-    """One run of the expansion at `seed`, as check_runs loads it."""
-    return seed_sets(run.scenario, run.scenario_sets, seed, run.method_sets)
-
-
-def checked_runs():
-    """The runs `check_runs` loads: every run of the study's expansion (workflow.study_runs) once, at
-    its first seed (a seed changes nothing else in a run config), and each further seed once: the
-    final runs, the further seeds, then the tuning runs."""
-    runs = study_runs(config, TUNED)
-    final = [r for r in runs if r.kind == "final"]
-    checked = [(f"scenario {r.scenario!r}, method {r.method!r}", run_check(r, r.seeds[0])) for r in final]
-    checked += [(f"seed {seed}", run_check(final[0], seed)) for seed in final[0].seeds[1:]]
-    return checked + [(f"tuning: scenario {r.scenario!r}, method {r.method!r}, point {r.point}",
-                       run_check(r, r.seeds[0])) for r in runs if r.kind == "tuning"]
+    return seed_sets(scenario, scenario_run_sets(scenario), seed, method_sets(entry, label or method), STUDY_DIR,
+                     MLFLOW_URI)
 
 
 # Every problem of the study ends the DAG build here, as one line naming the study file, before
@@ -115,10 +92,11 @@ try:
     SPEC = study_spec(config, list(config["scenarios"]), LISTED)
     # A job step (SLURM) parses this file again: the main process has checked the runs.
     if workflow.is_main_process:
-        check_runs(RUN_CONFIG, checked_runs())
+        CHECKED = checked_runs(config, TUNED, STUDY_DIR, MLFLOW_URI)
+        check_runs(RUN_CONFIG, CHECKED)
         # a run that cannot fit the memory, disk or time the train rule requests is refused before any
         # job is queued
-        check_run_memory(config, RUN_CONFIG, checked_runs(), workflow.resource_settings,
+        check_run_memory(config, RUN_CONFIG, CHECKED, workflow.resource_settings,
                          snakemake_retries(sys.argv, Path(workflow.basedir)))
     # the dataset of each scenario, whose prepare_data job the partitions wait for
     DATASETS = {s: dataset_name(RUN_CONFIG, OVERRIDES[s]) for s in SCENARIOS}

@@ -70,9 +70,9 @@ def _first_broken_archive(files: Sequence[_File]) -> tuple[Path, str] | None:
                     return f.path, f"{member} in it fails its CRC check"
             elif f.path.name.endswith((".tar.gz", ".tgz", ".tar")):
                 with tarfile.open(f.path, "r:" if f.path.suffix == ".tar" else "r:gz") as tar:
-                    for member in tar:
-                        if member.isfile():
-                            _read_through(tar.extractfile(member))
+                    for entry in tar:
+                        if entry.isfile():
+                            _read_through(tar.extractfile(entry))
             elif f.path.suffix == ".gz":
                 with gzip.open(f.path) as g:
                     _read_through(g)

@@ -28,7 +28,7 @@ import logging
 import math
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import pandas as pd
 
@@ -40,12 +40,15 @@ from .layer_analysis import COLUMNS, LayerResult, analyse_run, share_columns
 from .runs import RunInfo, read_runs, skip_reason
 from .tables import curves_frame, to_markdown
 
+if TYPE_CHECKING:  # analysis.factor imports torch, which the diagnostics import only where they analyse
+    from ..analysis.factor import FAMethod
+
 log = logging.getLogger("fedfactor")
 
 _FA_METHODS = ("principal", "eigen")
 
 
-def diagnose(run_dirs: Sequence[str | Path], out_dir: str | Path, kappa: float = 0.85, method: str = "principal",
+def diagnose(run_dirs: Sequence[str | Path], out_dir: str | Path, kappa: float = 0.85, method: FAMethod = "principal",
              mlflow: bool = True, uri: str | None = None, figures_dir: str | Path | None = None) -> dict:
     """Analyse the runs under `run_dirs`, write the outputs into `out_dir` (see the module
     docstring) and, unless `mlflow` is False, log each run's numbers onto its MLflow run in the
@@ -92,8 +95,8 @@ def diagnose(run_dirs: Sequence[str | Path], out_dir: str | Path, kappa: float =
         write_figure(draw(layer_results, kappa), name)
     fedfac = [r for r in layer_results if r.history is not None]
     if fedfac:
-        for name, draw in (("split_history.png", split_history_fig), ("stability.png", stability_fig)):
-            write_figure(draw(fedfac), name)
+        for name, draw_fedfac in (("split_history.png", split_history_fig), ("stability.png", stability_fig)):
+            write_figure(draw_fedfac(fedfac), name)
     write_text("diagnostics.md", to_markdown(rows, skipped, kappa, method, len(runs)))
 
     outcomes = {}

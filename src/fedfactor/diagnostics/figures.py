@@ -7,6 +7,8 @@ adds split_history (its split per analysed round) and stability (001 Figure 7).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..report.figures import legend_outside, method_styles, pyplot
@@ -44,7 +46,7 @@ def _nothing_fig(title: str, text: str):
     return _finish(plt, fig, title)
 
 
-def _method_lines(ax, runs: list[LayerResult], xy, colors: dict[str, str], step: bool = True) -> None:
+def _method_lines(ax, runs: list[LayerResult], xy, colors: dict[str, dict[str, Any]], step: bool = True) -> None:
     """One line per run, coloured by method, each method labelled once."""
     labelled = set()
     for r in runs:
@@ -122,6 +124,7 @@ def split_history_fig(results: list[LayerResult]):
     plt, fig, axes = _grid(len(results), 4.2, 3.0)
     cmap = ListedColormap(["#f0f0f0", "#2b6cb0"])
     for ax, r in zip(axes, results):
+        assert r.history is not None  # FedFac runs only, which have a split history
         rounds, states = r.history
         ax.imshow(states[:, unit_order(states)], cmap=cmap, vmin=0, vmax=1, aspect="auto", interpolation="nearest",
                   extent=(0.5, states.shape[1] + 0.5, len(rounds) - 0.5, -0.5))
@@ -145,6 +148,7 @@ def stability_fig(results: list[LayerResult]):
     for ax, ((scenario, layer, module), runs) in zip(axes, panels.items()):
         drawn = False
         for i, r in enumerate(runs):
+            assert r.history is not None  # FedFac runs only, which have a split history
             rounds, states = r.history
             s = stability(states)
             if len(s):

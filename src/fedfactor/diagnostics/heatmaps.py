@@ -67,6 +67,7 @@ def load_similarity(run_dir: str | Path, rounds: list[int] | None = None) -> Sim
                          f"({', '.join(map(str, sorted(sizes)))}); they come from different runs: re-run it")
     if counts is not None and not (np.isfinite(counts).all() and (counts >= 0).all()
                                    and (counts == np.round(counts)).all()):
+        assert counts_round is not None  # counts were read from it
         raise UsageError(f"{_path(run_dir, COUNTS, counts_round)} holds something other than counts "
                          "(whole numbers >= 0); the file is damaged: re-run the run")
     return Similarity(run_dir, rows, columns, matrices, counts, counts_round, sizes.pop())

@@ -21,11 +21,15 @@ import contextlib
 import logging
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .runs import RunInfo, split_history
 from ..run.weights import WEIGHTS_FILE, layer_weights, open_weights
+
+if TYPE_CHECKING:  # analysis.factor imports torch: analyse_weights imports it when it runs
+    from ..analysis.factor import FAMethod
 
 log = logging.getLogger("fedfactor")
 
@@ -52,8 +56,8 @@ class LayerResult:
     history: tuple[list[int], np.ndarray] | None = None  # FedFac: (rounds, rounds x d 0/1)
 
 
-def analyse_weights(weights: np.ndarray, kappa: float = 0.85, method: str = "principal") -> tuple[dict, np.ndarray,
-                                                                                                 np.ndarray]:
+def analyse_weights(weights: np.ndarray, kappa: float = 0.85, method: FAMethod = "principal"
+                    ) -> tuple[dict, np.ndarray, np.ndarray]:
     """Factor analysis of one layer's K x d x ... client weights: (numbers, nu, eigenvalue curve).
 
     Raises ValueError when the analysis cannot run (NaN weights, too few rows).
@@ -98,13 +102,13 @@ def stability(states: np.ndarray) -> np.ndarray:
 
 
 def _empty_row(info: RunInfo, index: int, module: str) -> dict:
-    row = dict.fromkeys(COLUMNS, math.nan)
+    row: dict[str, object] = dict.fromkeys(COLUMNS, math.nan)
     row.update(scenario=info.run.scenario, method=info.run.method, seed=info.run.seed, layer=index, module=module,
                fedfac_rounds=0, error="", run=str(info.path))
     return row
 
 
-def analyse_run(info: RunInfo, kappa: float, method: str) -> list[LayerResult]:
+def analyse_run(info: RunInfo, kappa: float, method: FAMethod) -> list[LayerResult]:
     """One LayerResult per analysed layer of a run with weights (an error row where it fails)."""
     # A damaged archive costs its run's rows an error, as NaN weights do, not the other runs' diagnostics.
     results = []

@@ -8,7 +8,7 @@ shared and personal covariates and units and fits in memory.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Sequence
 
 from pydantic import BeforeValidator, Field, field_validator
 
@@ -84,13 +84,17 @@ class SimGridConfig(Section):
         return _unit_interval(v)
 
 
+def _default_decompositions() -> list[Decomposition]:
+    return ["true", "oracle", "static", "dynamic", "random"]
+
+
 class SimulationConfig(Section):
     data: SimDataConfig = Field(default_factory=SimDataConfig)
     train: SimTrainConfig = Field(default_factory=SimTrainConfig)
     split: SimSplitConfig = Field(default_factory=SimSplitConfig)
     grid: SimGridConfig = Field(default_factory=SimGridConfig)
     decompositions: list[Annotated[Decomposition, BeforeValidator(_true_as_name)]] = Field(
-        default_factory=lambda: ["true", "oracle", "static", "dynamic", "random"])
+        default_factory=_default_decompositions)
     seeds: list[Annotated[Int, Field(ge=0, le=MAX_SEED)]] = Field(default_factory=lambda: [0, 1, 2])
 
     @field_validator("decompositions", "seeds")
@@ -134,7 +138,7 @@ def panels_of(cfg: SimulationConfig) -> list[tuple[str, float, float]]:
             + [(f"alpha = {a:g} (p = {g.p_fixed:g})", g.p_fixed, a) for a in g.alpha])
 
 
-def load_simulation_config(path: str | Path | None = None, overrides: list[str] = ()) -> SimulationConfig:
+def load_simulation_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> SimulationConfig:
     """The typed study config from YAML and dotted `--set` overrides; every failure is one UsageError."""
     raw = read_mapping(path)
     apply_overrides(raw, overrides)

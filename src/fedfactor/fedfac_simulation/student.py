@@ -62,7 +62,7 @@ def local_train(model: MLP, x: torch.Tensor, y: torch.Tensor, lr: float, steps: 
         keep = 1.0 if participants is None else participants.float()
         for name in ("W", "b", "a", "b0"):
             g = getattr(grad, name)
-            scale = keep if participants is None else keep.view(-1, *([1] * (g.dim() - 1)))
+            scale = keep if isinstance(keep, float) else keep.view(-1, *([1] * (g.dim() - 1)))
             getattr(model, name).sub_(lr * scale * g)
     return loss
 

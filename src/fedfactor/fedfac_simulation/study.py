@@ -17,14 +17,14 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
-from ..analysis.factor import factor_analysis, split, unit_matrix
+from ..analysis.factor import FAMethod, factor_analysis, split, unit_matrix
 from .config import SimulationConfig, settings_of
 from .results import figure6, figure7, summary_markdown
 from .student import accuracy, aggregate, init_mlp, local_train
 from .teacher import generate
 
 
-def fa_mask(weights: torch.Tensor, tau: Any, p: float, kappa: float, method: str) -> torch.Tensor:
+def fa_mask(weights: torch.Tensor, tau: Any, p: float, kappa: float, method: FAMethod) -> torch.Tensor:
     """Shared mask from a factor analysis of K clients' weights (K x m x d): nu_j >= tau."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # eigh of an m x m matrix: one thread is 4x faster than two, and far more under load
@@ -90,9 +90,10 @@ def run_setting(cfg: SimulationConfig, p: float, alpha: float, seed: int,
             mask = random_mask(m, m2, rand_gen)
         else:  # dynamic starts from static's mask (Algorithm 2's initialisation)
             mask = fixed["static" if name == "dynamic" else name]
-        hist = {"accuracy": [float(accuracy(model, data.x_test, data.y_test).mean())], "stability": [math.nan],
-                "agreement": [float((mask == data.shared).float().mean())], "n_shared": [int(mask.sum())],
-                "train_loss": [math.nan]}
+        hist: dict[str, list[float]] = {
+            "accuracy": [float(accuracy(model, data.x_test, data.y_test).mean())], "stability": [math.nan],
+            "agreement": [float((mask == data.shared).float().mean())], "n_shared": [int(mask.sum())],
+            "train_loss": [math.nan]}
         for _ in range(tc.rounds):
             if k == C:
                 participants = torch.ones(C, dtype=torch.bool)

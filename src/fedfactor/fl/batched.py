@@ -19,7 +19,7 @@ and tests hold it to torch.optim's result.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -28,9 +28,15 @@ from torch.func import functional_call, vmap
 from ..errors import UsageError
 from ..models.layers import recurrent_layer
 from .state import State
-from .train import Batch, ClientLoss, Diverged, Phase, Split, Trainer, train_loss
+from .train import Batch, ClientLoss, Diverged, Optim, Phase, Split, Trainer, train_loss
 
 ADAM_EPS = 1e-8  # torch.optim.Adam's default, which Trainer uses
+
+Job = tuple[State, Split, torch.Generator, Sequence[Phase]]  # a client's (state, split, generator, phases)
+# One client's step: (trained, others, x, y, weight or None, extra-loss inputs) -> (objective, cross-entropy[, extra])
+StepLoss = Callable[[State, State, torch.Tensor, torch.Tensor, torch.Tensor | None, State], tuple[torch.Tensor, ...]]
+# Per parameter: its optimizer state entries stacked over the clients, and which clients have them
+Moments = dict[str, tuple[dict[str, torch.Tensor], torch.Tensor]]
 
 
 class BatchedTrainer:
@@ -41,8 +47,7 @@ class BatchedTrainer:
         self.model = trainer.model
         self.buffers = {k for k, _ in trainer.model.named_buffers()}
 
-    def fit_many(self, jobs: Sequence[tuple[State, Split, torch.Generator, Sequence[Phase]]]
-                 ) -> list[tuple[State, float] | Diverged]:
+    def fit_many(self, jobs: Sequence[Job]) -> list[tuple[State, float] | Diverged]:
         """Train each (state, split, generator, phases); per client (new state, mean loss: a TrainLoss
         as Trainer.fit's), or the Diverged that Trainer.fit would have raised for it. The clients'
         phases must compare equal (they may differ only in the inputs of a ClientLoss)."""
@@ -56,7 +61,8 @@ class BatchedTrainer:
         outs = [dict(job[0]) for job in jobs]
         device = tr.x.device
         total = torch.zeros(len(jobs), device=device)
-        task, terms = torch.zeros(len(jobs), device=device), {}  # the cross-entropy, each extra loss by name
+        task = torch.zeros(len(jobs), device=device)  # the cross-entropy
+        terms: dict[str, torch.Tensor] = {}  # each extra loss by name
         steps = torch.zeros(len(jobs), dtype=torch.long)
         for j, phase in enumerate(phases):
             names = params if phase.params is None else list(phase.params)
@@ -64,8 +70,10 @@ class BatchedTrainer:
             if unknown:
                 raise KeyError(f"phase trains unknown parameters {unknown[:3]}; parameters are {params[:5]}...")
             if names:
-                # a ClientLoss's inputs, one entry per client, stacked like the parameters
-                inputs = ({key: torch.stack([job[3][j].loss.inputs[key] for job in jobs]) for key in phase.loss.inputs}
+                # a ClientLoss's inputs, one entry per client, stacked like the parameters (every client's
+                # loss is a ClientLoss when the first's is: only a ClientLoss compares equal to one)
+                inputs = ({key: torch.stack([cast(ClientLoss, job[3][j].loss).inputs[key] for job in jobs])
+                           for key in phase.loss.inputs}
                           if isinstance(phase.loss, ClientLoss) else {})
                 term = None if phase.loss is None else terms.setdefault(phase.loss_name, torch.zeros_like(total))
                 self._run(phase, names, stacked, inputs, jobs, outs, (total, task, term), steps)
@@ -84,8 +92,9 @@ class BatchedTrainer:
             results.append((out, loss))
         return results
 
-    def _run(self, phase: Phase, names: list[str], stacked: State, inputs: State, jobs, outs: list[State],
-             sums: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], steps: torch.Tensor) -> None:
+    def _run(self, phase: Phase, names: list[str], stacked: State, inputs: State, jobs: Sequence[Job],
+             outs: list[State], sums: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], steps: torch.Tensor
+             ) -> None:
         """One phase for every client; adds each client's step losses to `sums` (the objective's,
         the cross-entropy's, and the extra loss's, or None without one) and counts its steps."""
         tr = self.trainer
@@ -118,7 +127,8 @@ class BatchedTrainer:
             for group in groups.values():
                 whole = len(group) == len(jobs)
                 index = None if whole else torch.tensor(group, device=tr.x.device)
-                pick = (lambda t: t) if whole else (lambda t: t.index_select(0, index))
+                pick: Callable[[torch.Tensor], torch.Tensor]
+                pick = (lambda t: t) if index is None else (lambda t: t.index_select(0, index))
                 trained = {n: pick(stacked[n]).detach().requires_grad_() for n in names}
                 others = {k: pick(v) for k, v in frozen.items()}
                 extra = {k: pick(v) for k, v in inputs.items()}
@@ -134,10 +144,12 @@ class BatchedTrainer:
                         if whole:
                             acc += values.detach().float()
                         else:
+                            assert index is not None  # set where not whole
                             acc.index_add_(0, index.to(acc.device), values.detach().float())
                     if whole:
                         grads = dict(zip(names, g))
                     else:
+                        assert index is not None  # set where not whole
                         for k, v in others.items():  # BatchNorm statistics updated in the picked copy
                             if k in self.buffers:
                                 stacked[k].index_copy_(0, index, v)
@@ -154,7 +166,7 @@ class BatchedTrainer:
         if phase.keep_optimizer:
             self._save(phase.keep_optimizer, optim, names, moments, outs)
 
-    def _loss(self, phase: Phase):
+    def _loss(self, phase: Phase) -> StepLoss:
         model = self.model
 
         def loss(trained: State, others: State, x: torch.Tensor, y: torch.Tensor,
@@ -177,15 +189,15 @@ class BatchedTrainer:
         return loss
 
     # -- the optimizers, per client, masked --------------------------------------------------------
-    def _restore(self, phase: Phase, optim, names: list[str], stacked: State, outs: list[State]) -> dict:
+    def _restore(self, phase: Phase, optim: Optim, names: list[str], stacked: State, outs: list[State]) -> Moments:
         """Per parameter: SGD's momentum buffer or Adam's moments and step count, stacked, with a
         per-client flag of whether the client has them yet (a kept phase state, or an earlier step)."""
         C = len(outs)
         device = next(iter(stacked.values())).device
         entries = ("exp_avg", "exp_avg_sq", "step") if optim.kind == "adam" else ("momentum_buffer",)
-        moments = {}
+        moments: Moments = {}
         for n in names:
-            state = {}
+            state: dict[str, torch.Tensor] = {}
             has = torch.zeros(C, dtype=torch.bool, device=device)
             for e in entries:
                 shape = (C,) if e == "step" else stacked[n].shape
@@ -201,7 +213,7 @@ class BatchedTrainer:
         return moments
 
     @staticmethod
-    def _save(tag: str, optim, names: list[str], moments: dict, outs: list[State]) -> None:
+    def _save(tag: str, optim: Optim, names: list[str], moments: Moments, outs: list[State]) -> None:
         for n in names:
             state, has = moments[n]
             if optim.kind == "sgd" and optim.momentum == 0:
@@ -212,7 +224,7 @@ class BatchedTrainer:
                         out[f"optim.{tag}.{n}.{e}"] = t[i].clone()
 
     @staticmethod
-    def _step(optim, names: list[str], lrs: dict[str, float], stacked: State, grads: State, moments: dict,
+    def _step(optim: Optim, names: list[str], lrs: dict[str, float], stacked: State, grads: State, moments: Moments,
               mask: torch.Tensor | None) -> None:
         for n in names:
             p, g = stacked[n], grads[n]

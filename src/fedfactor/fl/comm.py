@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .state import State, nbytes
 
@@ -42,10 +43,10 @@ class CommMeter:
     def total(self) -> int:
         return self.up + self.down
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"up": self.up, "down": self.down, "history": [list(h) for h in self.history]}
 
-    def load_state_dict(self, d: dict) -> None:
+    def load_state_dict(self, d: dict[str, Any]) -> None:
         self.up, self.down = int(d["up"]), int(d["down"])
         self.history = [(int(u), int(v)) for u, v in d["history"]]
         self.discard_round()

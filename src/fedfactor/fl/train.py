@@ -14,7 +14,7 @@ import contextlib
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -154,7 +154,7 @@ def train_loss(objective: torch.Tensor, task: torch.Tensor, terms: Mapping[str, 
     return TrainLoss(task_mean, dict(zip(terms, term_means)))
 
 
-def make_optimizer(optim: Optim, params: Iterable[torch.Tensor] | list[dict], lr: float | None = None) -> torch.optim.Optimizer:
+def make_optimizer(optim: Optim, params: Iterable[torch.Tensor] | list[dict[str, Any]], lr: float | None = None) -> torch.optim.Optimizer:
     """The optimizer `optim` describes over `params` (tensors or parameter groups), at `lr` if given."""
     lr = optim.lr if lr is None else lr
     if optim.kind == "adam":
@@ -170,7 +170,8 @@ def run_with(module: torch.nn.Module, weights: Mapping[str, torch.Tensor], x: to
     module.train(training)
     try:
         with torch.no_grad():
-            return torch.func.functional_call(module, dict(weights), (x,))
+            out: torch.Tensor = torch.func.functional_call(module, dict(weights), (x,))
+            return out
     finally:
         module.train(was_training)
 
@@ -199,7 +200,7 @@ class Trainer:
         # signal arrived, so a long local epoch does not outlast a cluster's grace period.
         self.check_interrupt: Callable[[], None] = lambda: None
 
-    def autocast(self) -> contextlib.AbstractContextManager:
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The forward pass and loss of a training step: bf16 autocast under fl.precision=bf16."""
         if self.precision == "bf16":
             return torch.autocast(self.x.device.type, dtype=torch.bfloat16)
@@ -316,7 +317,7 @@ class Trainer:
         return make_optimizer(o, [{"params": ps, "lr": lr} for lr, ps in by_lr.items()])
 
     @staticmethod
-    def restore_optimizer(opt: torch.optim.Optimizer, tag: str, named: dict, state: State) -> None:
+    def restore_optimizer(opt: torch.optim.Optimizer, tag: str, named: dict[str, Any], state: State) -> None:
         """Put back the optimizer state a client keeps under "optim.<tag>.<parameter>.<entry>"."""
         for name, p in named.items():
             prefix = f"optim.{tag}.{name}."
@@ -325,7 +326,7 @@ class Trainer:
                 opt.state[p] = kept
 
     @staticmethod
-    def save_optimizer(opt: torch.optim.Optimizer, tag: str, named: dict, state: State) -> None:
+    def save_optimizer(opt: torch.optim.Optimizer, tag: str, named: dict[str, Any], state: State) -> None:
         """Keep the optimizer's state in the client's `state` (restore_optimizer's entries)."""
         for name, p in named.items():
             for entry, value in opt.state.get(p, {}).items():

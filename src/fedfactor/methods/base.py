@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Callable, ClassVar, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
@@ -43,15 +43,19 @@ from ..models import resolve_layers
 from ..models.layers import recurrent_layer
 from ..registry import Registry
 
-class _Methods(Registry):
+M = TypeVar("M", bound="type[Method]")
+
+
+class _Methods(Registry["type[Method]"]):
     """The method registry; registering a class names it (`Method.name`), so the name is written once."""
 
-    def register(self, name: str, description: str) -> Callable[[Any], Any]:
+    def register(self, name: str, description: str) -> Callable[[M], M]:  # a class keeps its own type
         add = super().register(name, description)
 
-        def named(cls: Any) -> Any:
+        def named(cls: M) -> M:
             cls.name = name
-            return add(cls)
+            add(cls)
+            return cls
 
         return named
 
@@ -66,9 +70,10 @@ class _OneOf:
     allowed: tuple[str, ...]
 
 
-def one_of(*allowed: str) -> Any:
-    """A hyperparameter that takes one of a few names (checked once every field has its type)."""
-    return Annotated[str, _OneOf(allowed)]
+def one_of(*allowed: str) -> _OneOf:
+    """A hyperparameter that takes one of a few names, `mode: Annotated[str, one_of("a", "b")] = "a"`
+    (checked once every field has its type, naming the choices)."""
+    return _OneOf(allowed)
 
 
 class Params(BaseModel):
@@ -160,9 +165,10 @@ class Method:
     preset: ClassVar[dict[str, Any]] = {}  # a variant's values for them (`variant`), before the config's
     # True when what is sent depends on trained values (sparse or pruned payloads): `fedfactor cost`
     # cannot project it from shapes and says so.
-    payload_depends_on_values: ClassVar[bool] = False
+    payload_depends_on_values: bool = False  # a method may set it per instance, from its hyperparameters
     # Why the method cannot run on a recurrent model (char_lstm), or "" when it can (refuse_recurrent).
     recurrent_refused: ClassVar[str] = ""
+    spec: dict[str, Any]  # {"name": ..., every hyperparameter}: the config's method as `build` fills it in
 
     def __init__(self, **params: Any):
         try:
@@ -189,13 +195,13 @@ class Method:
         return [k for k in self.ctx.float_keys if k not in personal]
 
     # -- server side ---------------------------------------------------------------------------
-    def init_server(self, init_state: Mapping[str, torch.Tensor]) -> dict:
+    def init_server(self, init_state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         return {"global": clone(select(init_state, self.shared))}
 
-    def download(self, server: dict, k: int) -> State:
+    def download(self, server: dict[str, Any], k: int) -> State:
         return dict(server["global"])
 
-    def aggregate(self, server: dict, uploads: dict[int, State], weights: dict[int, float]) -> dict:
+    def aggregate(self, server: dict[str, Any], uploads: dict[int, State], weights: dict[int, float]) -> dict[str, Any]:
         # A method that keeps this aggregate has its uploads summed by the round loop as they arrive
         # (Simulator.run_round), with the same WeightedSum: a round then holds one sum, not K uploads.
         total = WeightedSum()
@@ -204,7 +210,7 @@ class Method:
                 total.add(u, weights[k])
         return self.set_global(server, total)
 
-    def set_global(self, server: dict, total: WeightedSum) -> dict:
+    def set_global(self, server: dict[str, Any], total: WeightedSum) -> dict[str, Any]:
         """The server after the base aggregate: the weighted mean of the non-empty uploads, if any
         (and if their weights do not all vanish)."""
         if total.count and total.weight > 0:
@@ -273,7 +279,7 @@ class Method:
         except UsageError:
             return {}
 
-    def new_client_models(self, server: dict, k: int, fresh: State,
+    def new_client_models(self, server: dict[str, Any], k: int, fresh: State,
                           members: Callable[[], list[State]]) -> dict[str, State | list[State]]:
         """What a client held out of training (`eval.new_clients`) is scored with, per strategy.
 

@@ -9,12 +9,14 @@ Choices the paper leaves open: docs/methods/clustered_fl.md
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
 import torch
 from pydantic import Field
 
 from ..fl.state import State, clone, select, weighted_average
-from .base import METHODS, Count, Float, Method, Params, one_of
+from .base import METHODS, Count, Float, Method, Params as BaseParams, one_of
 
 
 def update_gram(updates: list[State], keys: list[str]) -> torch.Tensor:
@@ -48,12 +50,15 @@ def bipartition(similarity: np.ndarray) -> np.ndarray:
 @METHODS.register("clustered_fl", "Clustered-FL (Sattler, Mueller & Samek, IEEE TNNLS 2020): FedAvg within "
                   "clusters, bi-partitioned by the cosine similarity of the clients' updates once they stall")
 class ClusteredFL(Method):
-    class Params(Params):
+    class Params(BaseParams):
         eps1: Float = Field(0.4, gt=0)  # split only when the mean update's norm is below it (stalled)
         eps2: Float = Field(1.6, gt=0)  # ... and some client's update norm is above it (disagreement)
         min_split_size: Count = Field(3, ge=2)  # uploaders a cluster needs to be split
         warmup_rounds: Count = Field(20, ge=0)  # no split in rounds 1..warmup_rounds
-        weighting: one_of("uniform", "size") = "uniform"  # uniform | size: how a cluster averages its members' uploads
+        # uniform | size: how a cluster averages its members' uploads
+        weighting: Annotated[str, one_of("uniform", "size")] = "uniform"
+
+    hp: Params
 
     def bind(self, ctx) -> None:
         super().bind(ctx)

@@ -5,25 +5,26 @@ round the server holds every client's last upload; client k then downloads its o
 clients whose key v (of the last convolution as run; v^{L-1} in the text) is most similar to its
 own (eqs. 4-5).
 
-As run (the official code, the default) against the paper's text, switch by switch:
-docs/methods/factorized_fl.md
+The default is the official code as run; the `_text` variants follow the paper's text, switch by switch.
+
+Choices the paper leaves open: docs/methods/factorized_fl.md
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Mapping, Self, Sequence, cast
 
 import torch
 from pydantic import model_validator
 from torch import nn
 
 from ..errors import UsageError
-from ..analysis.similarity import cosine_matrix, mixing_weights
+from ..analysis.similarity import Matching, Weighting, cosine_matrix, mixing_weights
 from ..fl.state import State, clone, pack_sparse, select, unpack_sparse, weighted_average
-from ..fl.train import Phase, derive_seed
+from ..fl.train import Batch, Phase, derive_seed
 from ..reparam import LAYOUTS, factorize, factorized_layers
-from ..reparam.factorized import BIAS_INITS, MU_INITS
-from .base import METHODS, Count, Float, Method, Params, at_least, one_of, variant
+from ..reparam.factorized import BIAS_INITS, MU_INITS, Layout
+from .base import METHODS, Context, Count, Float, Method, Params as BaseParams, at_least, one_of, variant
 
 BITS, VALUES = ".bits", ".values"  # suffixes of a sparse-sent entry: bitmap of non-zeros, their values
 MATCH = "match.key"  # the vector the server matches clients on (v^{L-1} or an embedding)
@@ -32,43 +33,49 @@ MATCH = "match.key"  # the vector the server matches clients on (v^{L-1} or an e
 @METHODS.register("factorized_fl_alpha", "Factorized-FL alpha (000): rank-1 factorized layers; shares U, "
                   "personalised by similarity of v^{L-1}")
 class FactorizedFL(Method):
-    class Params(Params):
+    class Params(BaseParams):
         # official: (u @ v).view(O, I, k, k) | paper (eq. 3) | simfed (000 Fig. 7 (k))
-        layout: one_of(*LAYOUTS) = "official"
+        layout: Annotated[str, one_of(*LAYOUTS)] = "official"
         # official: Xavier u and v | scaled: at the replaced layer's weight scale
-        init: one_of("official", "scaled") = "official"
+        init: Annotated[str, one_of("official", "scaled")] = "official"
         # official: dense mu Xavier, conv mu zero | zero: mu = 0 (000, after eq. 2)
-        mu_init: one_of(*MU_INITS) = "official"
-        bias_init: one_of(*BIAS_INITS) = "official"  # official: Xavier-uniform biases | layer: the model's own
+        mu_init: Annotated[str, one_of(*MU_INITS)] = "official"
+        # official: Xavier-uniform biases | layer: the model's own
+        bias_init: Annotated[str, one_of(*BIAS_INITS)] = "official"
         rank: Count = 1  # gamma, the number of columns of u and v (000 Figure 7 (h))
         use_mu: bool = True  # the sparse bias matrix mu (000 Figure 7 (g): "w/o mu")
         l1: Float = 5e-4  # lambda_sparsity (002 C.2: 5e-4 to 1e-3)
         # official: no effect (detached in the code) | paper: a real gradient
-        l1_mode: one_of("paper", "official") = "official"
+        l1_mode: Annotated[str, one_of("paper", "official")] = "official"
         mu_threshold: Float = 5e-4  # |mu| below it counts as zero when evaluated (official: lambda)
         # dense: M sent unpruned (official) | pruned: below mu_threshold dropped, sparse
-        mu_send: one_of("dense", "pruned") = "dense"
-        share: one_of("u", "uvm", "none") = "u"  # u (alpha) | uvm (beta) | none (the factorized model trained locally)
+        mu_send: Annotated[str, one_of("dense", "pruned")] = "dense"
+        # u (alpha) | uvm (beta) | none (the factorized model trained locally)
+        share: Annotated[str, one_of("u", "uvm", "none")] = "u"
         share_bn: bool = True  # share BatchNorm affine parameters (the official code) | False (alpha's text)
         share_bias: bool = True  # alpha also shares the body's biases (the official code) | False (text)
-        matching: one_of("similarity", "fedavg", "random", "worst") = "similarity"  # fedavg: no matching
-        weighting: one_of("paper", "official") = "official"  # official: top-n + softmax | paper: threshold + softmax
+        # fedavg: no matching (Factorized-FedAvg)
+        matching: Annotated[str, one_of("similarity", "fedavg", "random", "worst")] = "similarity"
+        # official: top-n + softmax | paper: threshold + softmax
+        weighting: Annotated[str, one_of("paper", "official")] = "official"
         tau: Float = 0.0  # similarity threshold (002 C.2: 0 to 0.75; official label tasks: 0)
         epsilon: Float = 1.0  # softmax scale of the similarity (002 C.2: 1 to 20; official label tasks: 1)
         minimum_aggr: Count = 0  # official weighting: at least this many clients (self included); 0: the code's rule
         num_matched: Count = 3  # random / worst matching: clients mixed in besides self
-        match_layer: one_of("before_head", "last_conv") = "last_conv"  # official code | the paper's v^{L-1}
+        # last_conv: the official code | before_head: the paper's v^{L-1}
+        match_layer: Annotated[str, one_of("before_head", "last_conv")] = "last_conv"
         reset_head: bool = True  # where heads are shared, reset the head to the initial one every round (official)
         keep_optimizer: bool = True  # each client's SGD momentum carries over to its next round (official) | restart
 
         @model_validator(mode="after")
-        def _check(self):
+        def _check(self) -> Self:
             for key in ("rank", "num_matched", "criteria_inputs"):
                 if hasattr(self, key):
                     at_least(key, getattr(self, key), 1)
             at_least("minimum_aggr", self.minimum_aggr, 0, "0: the official code's rule; ")
             return self
 
+    hp: FactorizedFL.Params
     factorized = True  # False: similarity matching on an unfactorized model (SimFed ablation)
     key_name = "similarity_v"  # the diagnostic name of the similarity clients are matched on
     # why a model with LSTM layers is refused (docs/methods/factorized_fl.md)
@@ -78,17 +85,18 @@ class FactorizedFL(Method):
     def __init__(self, **params: Any):
         super().__init__(**params)
         # Sparse M's size depends on trained values: `fedfactor cost` cannot project it.
-        self.payload_depends_on_values = (self.factorized and self.hp.use_mu and self.hp.share == "uvm"
-                                          and self.hp.mu_send == "pruned")
+        self.payload_depends_on_values = (
+            self.factorized and self.hp.use_mu and self.hp.share == "uvm" and self.hp.mu_send == "pruned")
 
     # -- the model -------------------------------------------------------------------------------
     def prepare_model(self, model: nn.Module) -> nn.Module:
         if not self.factorized:
             return model
         hp = self.hp
-        return factorize(model, hp.layout, hp.rank, hp.use_mu, hp.mu_threshold, hp.init, hp.mu_init, hp.bias_init)
+        return factorize(model, cast(Layout, hp.layout), hp.rank, hp.use_mu, hp.mu_threshold, hp.init, hp.mu_init,
+                         hp.bias_init)
 
-    def bind(self, ctx) -> None:
+    def bind(self, ctx: Context) -> None:
         self.mu_keys = [f"{n}.mu" for n, m in factorized_layers(ctx.model).items() if m.mu is not None]
         self.match_layer = self._match_layer(ctx.model) if self.factorized else None
         self._mu_counts: dict[int, list[tuple[int, int]]] = {}
@@ -146,7 +154,7 @@ class FactorizedFL(Method):
         return out
 
     # -- server side -----------------------------------------------------------------------------
-    def init_server(self, init_state):
+    def init_server(self, init_state: Mapping[str, torch.Tensor]) -> dict:
         self._init_head = clone(select(init_state, self.ctx.head_keys))
         K = self.ctx.num_clients
         return {"init": clone(select(init_state, self.shared)), "latest": {}, "keys": {}, "sizes": {},
@@ -191,8 +199,8 @@ class FactorizedFL(Method):
             gen = torch.Generator().manual_seed(self._draw_seed())
             sizes = torch.tensor([server["sizes"][str(j)] for j in present])
             W = self._full(present, mixing_weights(
-                sim.cpu(), self.hp.matching, self.hp.weighting, self.hp.tau, self.hp.epsilon,
-                self._minimum_aggr(), self.hp.num_matched, sizes, gen), fill=0.0)
+                sim.cpu(), cast(Matching, self.hp.matching), cast(Weighting, self.hp.weighting), self.hp.tau,
+                self.hp.epsilon, self._minimum_aggr(), self.hp.num_matched, sizes, gen), fill=0.0)
             server["counts"] = server["counts"] + (W > 0).long()
             self._diagnose(server, present, sim.cpu(), W)
         server["weights"] = W
@@ -254,7 +262,7 @@ class FactorizedFL(Method):
             log(f"similarity_q{round(100 * q)}_other", float(others.quantile(q)))
 
     # -- client side -----------------------------------------------------------------------------
-    def run_warnings(self, diagnostics):
+    def run_warnings(self, diagnostics: Sequence[Mapping[str, float]]) -> list[str]:
         matched = [d["matched_clients_mean"] for d in diagnostics if "matched_clients_mean" in d]
         if self.ctx.num_clients < 2 or not matched or max(matched) > 1:
             return []
@@ -270,7 +278,7 @@ class FactorizedFL(Method):
             state.update(clone(self._init_head))
         return state
 
-    def plan(self, k, state, received):
+    def plan(self, k: int, state: State, received: State) -> list[Phase]:
         # The official client saves its optimizer with its state and reloads it the next round.
         keep = "factorized" if self.hp.keep_optimizer else None
         if not (self.factorized and self.hp.use_mu and self.hp.l1_mode == "paper" and self.hp.l1 > 0):
@@ -278,8 +286,9 @@ class FactorizedFL(Method):
         # A bound method, equal for every client: clients' plans compare equal and can train batched.
         return [Phase(epochs=self.ctx.epochs, loss=self._sparsity, loss_name="l1", keep_optimizer=keep)]
 
-    def _sparsity(self, params, batch, logits):
-        return self.hp.l1 * sum(params[key].abs().sum() for key in self.mu_keys)
+    def _sparsity(self, params: Mapping[str, torch.Tensor], batch: Batch, logits: torch.Tensor) -> torch.Tensor:
+        # planned only with mu, so the sum runs over at least one tensor: a tensor, never sum()'s int 0
+        return cast(torch.Tensor, self.hp.l1 * sum(params[key].abs().sum() for key in self.mu_keys))
 
     def match_key(self, k: int, state: State) -> torch.Tensor | None:
         """The vector client k sends for matching; None when it is inside the shared entries."""

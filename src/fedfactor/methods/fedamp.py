@@ -1,10 +1,12 @@
 """FedAMP (Huang et al., AAAI 2021; a baseline of 004 Table 1): federated attentive message passing.
 
 Each client trains its own model w_k with a proximal pull towards its cloud model u_k = sum_j xi_kj w_j,
-an attention-weighted mix of all clients' latest models. Notes and choices: docs/methods/fedamp.md
+an attention-weighted mix of all clients' latest models. Choices the paper leaves open: docs/methods/fedamp.md
 """
 
 from __future__ import annotations
+
+from typing import Mapping
 
 import torch
 from pydantic import Field
@@ -12,21 +14,23 @@ from pydantic import Field
 from ..analysis.similarity import attention, decayed, mix, squared_distances
 from ..fl.state import State, clone, latest, select
 from ..fl.train import Phase
-from .base import METHODS, Count, Float, Method, Params
+from .base import METHODS, Context, Count, Float, Method, Params as BaseParams
 from .fedprox import proximal_phase
 
 
 @METHODS.register("fedamp", "FedAMP (Huang et al., AAAI 2021): each client trains its own model with a proximal "
                   "pull towards a personalised cloud model, an attention-weighted mix of all clients' models")
 class FedAMP(Method):
-    class Params(Params):
+    class Params(BaseParams):
         lam: Float = Field(1.0, ge=0)  # lambda: weight of the attention regulariser (Fling lamda)
         alpha: Float = Field(1e4, gt=0)  # alpha_k of round 1 (Fling alphaK)
         sigma: Float = Field(100.0, gt=0)  # scale of A(x) = 1 - exp(-x / sigma) (Fling sigma)
         alpha_decay: Float = Field(0.1, gt=0, le=1)  # alpha's factor at each decay (Fling decay_rate)
         alpha_decay_every: Count = Field(30, ge=0)  # rounds between decays; 0: never (Fling decay_frequency)
 
-    def bind(self, ctx) -> None:
+    hp: FedAMP.Params
+
+    def bind(self, ctx: Context) -> None:
         super().bind(ctx)
         self.keys = [k for k in self.shared if k in ctx.param_keys]
 
@@ -34,7 +38,7 @@ class FedAMP(Method):
         """Round rnd's alpha: the same for its attention step and its proximal weight."""
         return decayed(self.hp.alpha, self.hp.alpha_decay, self.hp.alpha_decay_every, rnd)
 
-    def init_server(self, init_state):
+    def init_server(self, init_state: Mapping[str, torch.Tensor]) -> dict:
         init, K = clone(select(init_state, self.keys)), self.ctx.num_clients
         device = next(iter(init.values())).device
         return {"init": init, "models": {}, "distances": torch.zeros(K, K, dtype=torch.float64, device=device)}
@@ -48,11 +52,9 @@ class FedAMP(Method):
         return mix(self.latest(server), xi)
 
     def aggregate(self, server: dict, uploads: dict[int, State], weights: dict[int, float]) -> dict:
-        models = {**server["models"], **{str(k): dict(u) for k, u in uploads.items() if u}}
-        server = {**server, "models": models}
+        server = {**server, "models": {**server["models"], **{str(k): dict(u) for k, u in uploads.items() if u}}}
         server["distances"] = squared_distances(self.latest(server), self.keys)
-        if server["distances"].device.type != "meta":
-            # the attention the next round's downloads use
+        if server["distances"].device.type != "meta":  # the attention the next round's downloads use
             xi = attention(server["distances"], self.alpha_k(self.ctx.round + 1), self.hp.sigma)
             self.ctx.log("amp_attention", xi)
             self.ctx.log("amp_self_weight_min", float(xi.diagonal().min()))

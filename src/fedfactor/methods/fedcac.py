@@ -11,13 +11,14 @@ Choices the paper leaves open: docs/methods/fedcac.md
 from __future__ import annotations
 
 import math
+from typing import Mapping
 
 import numpy as np
 import torch
 from pydantic import Field
 
 from ..fl.state import State, clone, select, weighted_average
-from .base import METHODS, Count, Float, Method, Params
+from .base import METHODS, Context, Count, Float, Method, Params as BaseParams
 
 MASK = "cac.mask."  # client state and upload: a parameter's critical mask, bit-packed
 SMALL = 1e-10  # a top-tau threshold at or below this means fewer than tau of the entries moved
@@ -82,17 +83,19 @@ def collaborators(overlap: torch.Tensor, factor: float) -> tuple[torch.Tensor, f
 @METHODS.register("fedcac", "FedCAC (Wu et al., ICCV 2023): each client's sensitive (critical) parameters are "
                   "averaged only with clients whose critical sets overlap enough, the rest with all")
 class FedCAC(Method):
-    class Params(Params):
+    class Params(BaseParams):
         tau: Float = Field(0.5, ge=0, le=1)  # fraction of each tensor's entries that are critical
         beta: Count = Field(100, ge=1)  # rounds until critical parameters are shared only at the top overlap
 
-    def bind(self, ctx) -> None:
+    hp: FedCAC.Params
+
+    def bind(self, ctx: Context) -> None:
         super().bind(ctx)
         self.keys = [k for k in self.shared if k in ctx.param_keys]
         self.shapes = {k: ctx.model.state_dict()[k].shape for k in self.keys}
 
     # -- server side -----------------------------------------------------------------------------
-    def init_server(self, init_state):
+    def init_server(self, init_state: Mapping[str, torch.Tensor]) -> dict:
         return {"global": clone(select(init_state, self.keys)), "models": {}, "masks": {},
                 "collaborators": torch.zeros(self.ctx.num_clients, self.ctx.num_clients, dtype=torch.bool)}
 

@@ -9,6 +9,8 @@ Choices the paper leaves open, variants and diagnostics: docs/methods/feddecomp.
 
 from __future__ import annotations
 
+from typing import Annotated, cast
+
 import torch
 from pydantic import model_validator
 from torch import nn
@@ -16,8 +18,8 @@ from torch import nn
 from ..errors import UsageError
 from ..fl.state import State, clone, select
 from ..fl.train import Phase, derive_seed
-from ..reparam.lowrank import STYLES, decompose, lowrank_layers
-from .base import METHODS, Count, Float, Method, Params, at_least, one_of, variant
+from ..reparam.lowrank import STYLES, Style, decompose, lowrank_layers
+from .base import METHODS, Count, Float, Method, Params as BaseParams, at_least, one_of, variant
 
 
 @METHODS.register("feddecomp", "FedDecomp (004): theta = shared full-rank sigma + private low-rank tau, "
@@ -26,17 +28,19 @@ class FedDecomp(Method):
     recurrent_refused = ("its low-rank tau is added to Conv2d and Linear weights only, so the LSTM weights would be "
                          "shared whole, with no personal part")
 
-    class Params(Params):
+    class Params(BaseParams):
         e_lora: Count = 2  # E_lora: epochs on tau per round; E_global = fl.epochs - e_lora
         # alternating (eqs. 5-6) | simultaneous (Table 3)
-        training: one_of("alternating", "simultaneous") = "alternating"
-        share: one_of("sigma", "tau", "all", "none") = "sigma"  # sigma | tau (FedDecomp_Reverse) | all | none (Table 4)
+        training: Annotated[str, one_of("alternating", "simultaneous")] = "alternating"
+        # sigma | tau (FedDecomp_Reverse) | all | none (Table 4)
+        share: Annotated[str, one_of("sigma", "tau", "all", "none")] = "sigma"
         # official (as run) | paper (the text): tau's shapes, rank rule, init, scale
-        style: one_of(*STYLES) = "official"
+        style: Annotated[str, one_of(*STYLES)] = "official"
         conv_ratio: Float = 0.8  # R_c (Table 2's best for CIFAR-100 and Tiny-ImageNet; 0.6 for CIFAR-10)
         linear_ratio: Float = 0.4  # R_l (0.6 for CIFAR-10)
         linear_rank: Count = 0  # > 0: this rank for every fully connected tau instead of R_l (official Linear_r)
-        weighting: one_of("uniform", "samples") = "uniform"  # uniform (eq. 7, the official code) | samples (FedAvg's)
+        # uniform (eq. 7, the official code) | samples (FedAvg's)
+        weighting: Annotated[str, one_of("uniform", "samples")] = "uniform"
 
         @model_validator(mode="after")
         def _check(self):
@@ -47,11 +51,13 @@ class FedDecomp(Method):
             at_least("linear_rank", self.linear_rank, 0)
             return self
 
+    hp: Params
+
     def prepare_model(self, model: nn.Module) -> nn.Module:
         # A's draws come from their own stream, derived from the seed the simulator set for the model
         generator = torch.Generator().manual_seed(derive_seed(torch.initial_seed(), 4004))
-        return decompose(model, self.hp.conv_ratio, self.hp.linear_ratio, self.hp.linear_rank, self.hp.style,
-                         generator)
+        return decompose(model, self.hp.conv_ratio, self.hp.linear_ratio, self.hp.linear_rank,
+                         cast(Style, self.hp.style), generator)
 
     def bind(self, ctx) -> None:
         if self.hp.training == "alternating" and self.hp.e_lora > ctx.epochs:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Callable
+from typing import Annotated, Callable, cast
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +23,7 @@ from ..errors import UsageError
 from ..fl.state import State, clone, select
 from ..fl.train import make_optimizer, mean_loss
 from ..models import HeadedModel
-from .base import METHODS, Count, Method, Params, one_of
+from .base import METHODS, Count, Method, Params as BaseParams, one_of
 
 LOG_PI = "log_pi"  # the client's log mixture weights, a buffer of the Mixture
 EM_TOL = 1e-6  # a new client's EM stops when no weight changes by more than this ...
@@ -34,6 +34,7 @@ class Mixture(nn.Module):
     """M component classifiers and the log weights of their mixture."""
 
     head_name = "head"
+    log_pi: torch.Tensor  # a buffer, registered in __init__
 
     def __init__(self, components: list[HeadedModel]):
         super().__init__()
@@ -79,9 +80,12 @@ def _log(pi: torch.Tensor) -> torch.Tensor:
 @METHODS.register("fedem", "FedEM (Marfoq et al., NeurIPS 2021): M shared components, personal mixture weights "
                   "learned by EM (001 Tables 2-3)")
 class FedEM(Method):
-    class Params(Params):
+    class Params(BaseParams):
         components: Count = Field(3, ge=1)  # M (001 5.1: "as suggested by the authors")
-        reinit: one_of("all", "head") = "all"  # all | head: what of components 2..M is initialised afresh
+        # all | head: what of components 2..M is initialised afresh
+        reinit: Annotated[str, one_of("all", "head")] = "all"
+
+    hp: Params
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         if not isinstance(model, HeadedModel):
@@ -92,7 +96,7 @@ class FedEM(Method):
             fresh = other if self.hp.reinit == "all" else getattr(other, other.head_name)
             for module in fresh.modules():
                 if hasattr(module, "reset_parameters"):
-                    module.reset_parameters()
+                    module.reset_parameters()  # type: ignore[operator]  # a method; mypy types it by Module.__getattr__
             copies.append(other)
         return Mixture(copies)
 
@@ -136,7 +140,7 @@ class FedEM(Method):
     def new_client_models(self, server: dict, k: int, fresh: State,
                           members: Callable[[], list[State]]) -> dict[str, State | list[State]]:
         models = super().new_client_models(server, k, fresh, members)
-        received = models["received"]
+        received = cast(State, models["received"])  # the base's received model is one state
         batches = list(self.ctx.batches(k, epochs=1))
         if not batches:
             return {**models, "localtrain": received}

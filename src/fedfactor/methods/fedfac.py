@@ -3,27 +3,27 @@
 For every layer in Lambda (`layers`) the server runs a factor analysis of the sampled clients' weights
 of that layer: a unit is shared iff its communality is >= tau; shared units are averaged, personal
 ones stay with their client, other layers are shared as in FedAvg. Dynamic (every round, the default)
-or static (one analysis after a warm-up).
+or static (one analysis after a warm-up). The default is the official code as run; `fedfac_text`, the text.
 
-Choices the paper leaves open, as run and as written: docs/methods/fedfac.md
+Choices the paper leaves open: docs/methods/fedfac.md
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from typing import Annotated, Any, Callable, Mapping, Self, cast
 
 import torch
 from pydantic import field_validator, model_validator
 
-from ..analysis.factor import factor_analysis, parse_tau, split, unit_matrix
+from ..analysis.factor import FAMethod, factor_analysis, parse_tau, split, unit_matrix
 from ..errors import UsageError
 from ..fl.state import State, select, weighted_average
 from ..fl.train import Phase, derive_seed
 from ..models import resolve_layers, unit_entries
 from ..models.layers import effective_weight, layer_entries, layer_units, unit_rows
-from .base import METHODS, Count, Float, Method, Params, at_least, one_of, variant
+from .base import METHODS, Context, Count, Float, Method, Params as BaseParams, at_least, one_of, variant
 
 MASK = "fedfac.mask."  # payload entry: the split of layer <index>, one bool per unit
 
@@ -31,39 +31,41 @@ MASK = "fedfac.mask."  # payload entry: the split of layer <index>, one bool per
 @METHODS.register("fedfac", "FedFac (001): factor analysis splits the units of the Lambda layers into shared and "
                   "personal; dynamic (every round) by default")
 class FedFac(Method):
-    class Params(Params):
+    class Params(BaseParams):
         layers: list = [-1]  # Lambda, 1-based (models/layers.py); -1: the last layer before the classifier
-        mode: one_of("dynamic", "static") = "dynamic"  # dynamic (Algorithm 2) | static (Algorithm 1)
+        # dynamic (Algorithm 2) | static (Algorithm 1)
+        mode: Annotated[str, one_of("dynamic", "static")] = "dynamic"
         warmup: Count = 1  # static: rounds of local training of the Lambda layers before the one analysis
         kappa: Float = 0.85  # G: smallest number of factors explaining this share of the eigenvalues
         # inf (as run: the official scripts' --given_threshold keeps its default, +inf: every unit of
         # Lambda personal) | mean (the text's default) | a quantile (50% or q50) | -inf (all shared) | a number
         tau: str = "inf"
         # eigen (the official --direct_eigDecom) | principal (eq. 7, iterated)
-        fa_method: one_of("principal", "eigen") = "eigen"
+        fa_method: Annotated[str, one_of("principal", "eigen")] = "eigen"
         # G: official (the code's count, one fewer) | paper (the smallest m reaching kappa)
-        factors: one_of("official", "paper") = "official"
+        factors: Annotated[str, one_of("official", "paper")] = "official"
         max_iter: Count = 100  # principal-factor iterations at most
         tol: Float = 1e-4  # ... until the specific variances change by less than this
-        split: one_of("factor", "random") = "factor"  # factor | random (Table 8 panel B)
-        mask: one_of("none", "shared", "personal") = "none"  # none | shared | personal (Table 8 panel A)
+        split: Annotated[str, one_of("factor", "random")] = "factor"  # factor | random (Table 8 panel B)
+        # none | shared | personal (Table 8 panel A)
+        mask: Annotated[str, one_of("none", "shared", "personal")] = "none"
         # local (official) | follow: a split layer's bias and BatchNorm affine parameters
-        unit_params: one_of("follow", "local") = "local"
+        unit_params: Annotated[str, one_of("follow", "local")] = "local"
         share_bn_stats: bool = False  # share BatchNorm running statistics (FedAvg does; FedFac's code does not)
         global_lr: Float = 1.0  # eta_g: shared = previous + eta_g * (weighted mean - previous)
 
         @field_validator("tau", mode="before")
         @classmethod
-        def _tau_as_text(cls, v):
+        def _tau_as_text(cls, v: Any) -> Any:
             return v if isinstance(v, str) else str(v)  # YAML reads 0.5 and .inf as numbers
 
         @field_validator("layers", mode="before")
         @classmethod
-        def _one_layer(cls, v):
+        def _one_layer(cls, v: Any) -> Any:
             return [v] if isinstance(v, int) else v
 
         @model_validator(mode="after")
-        def _check(self):
+        def _check(self) -> Self:
             try:
                 parse_tau(self.tau)
             except ValueError as e:
@@ -80,6 +82,8 @@ class FedFac(Method):
                 raise UsageError("method.global_lr and method.tol must be > 0")
             return self
 
+    hp: FedFac.Params
+
     def __init__(self, **params: Any):
         super().__init__(**params)
         tau = parse_tau(self.hp.tau)
@@ -88,7 +92,7 @@ class FedFac(Method):
         self.payload_depends_on_values = self.fixed is None
 
     # -- which entries are what ------------------------------------------------------------------
-    def bind(self, ctx) -> None:
+    def bind(self, ctx: Context) -> None:
         self.ctx = ctx
         self.layers = resolve_layers(ctx.model, self.hp.layers)  # {index: module name}
         head = getattr(ctx.model, "head_name", "head")
@@ -125,7 +129,7 @@ class FedFac(Method):
         return self.hp.mode == "dynamic" or rnd == self.hp.warmup
 
     # -- server ------------------------------------------------------------------------------------
-    def init_server(self, init_state):
+    def init_server(self, init_state: Mapping[str, torch.Tensor]) -> dict:
         units = {k: init_state[k].detach().clone() for keys in self.units.values() for k in keys}
         return {"global": {k: init_state[k].detach().clone() for k in self.shared}, "units": units, "mask": {}}
 
@@ -166,8 +170,9 @@ class FedFac(Method):
             if not mask.any():
                 continue
             # An analysed round's uploads hold whole layers; afterwards only the shared rows.
-            rows = [{key: uploads[k][key][self._rows(uploads[k][key], mask)] if analysed else uploads[k][key]
-                     for key in self.units[idx]} for k in clients]
+            rows: list[Mapping[str, torch.Tensor]] = [
+                {key: uploads[k][key][self._rows(uploads[k][key], mask)] if analysed else uploads[k][key]
+                 for key in self.units[idx]} for k in clients]
             held = {key: self._rows(server["units"][key], mask) for key in self.units[idx]}
             prev = {key: server["units"][key][held[key]] for key in self.units[idx]}
             new = self._step(prev, weighted_average(rows, w))
@@ -188,7 +193,7 @@ class FedFac(Method):
             # one row per unit: a plain layer's weight as uploaded, an LSTM's gates side by side
             weights = torch.stack([effective_weight(self.ctx.model, name, u) for u in uploads.values()])
             try:
-                fa = factor_analysis(unit_matrix(weights), self.hp.kappa, self.hp.fa_method,
+                fa = factor_analysis(unit_matrix(weights), self.hp.kappa, cast(FAMethod, self.hp.fa_method),
                                      max_iter=self.hp.max_iter, tol=self.hp.tol, count=self.hp.factors)
             except ValueError as e:
                 raise ValueError(f"FedFac round {self.ctx.round}, layer {idx} ({name}): {e}") from None
@@ -257,7 +262,8 @@ class FedFac(Method):
     def new_client_models(self, server: dict, k: int, fresh: State,
                           members: Callable[[], list[State]]) -> dict[str, State | list[State]]:
         models = super().new_client_models(server, k, fresh, members)
-        trained = self._local_train_personal(k, models["received"], self._masks(server))
+        received = cast(State, models["received"])  # the base's "received" is one state, not an ensemble
+        trained = self._local_train_personal(k, received, self._masks(server))
         return {**models, "localtrain": trained, "ensemble": members()}
 
     def _local_train_personal(self, k: int, state: State, masks: dict[int, torch.Tensor]) -> State:

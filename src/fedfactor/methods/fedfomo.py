@@ -10,6 +10,8 @@ Choices the paper leaves open: docs/methods/fedfomo.md
 
 from __future__ import annotations
 
+from typing import Mapping, Sequence
+
 import numpy as np
 import torch
 from pydantic import Field
@@ -17,7 +19,7 @@ from pydantic import Field
 from ..errors import UsageError
 from ..fl.state import State, clone, latest, select
 from ..fl.train import derive_seed
-from .base import METHODS, Count, Float, Method, Params
+from .base import METHODS, Context, Count, Float, Method, Params as BaseParams
 
 PEER = "peer."  # payload entries of another client's model: "peer.<client>.<entry>"
 WEIGHTS = "fomo.weights"  # the client's w_n for the models it received, in the order sent
@@ -55,13 +57,15 @@ def select_peers(affinity: np.ndarray, h: int, epsilon: float, rng: np.random.Ge
 @METHODS.register("fedfomo", "FedFOMO (Zhang et al., ICLR 2021): each client mixes in the downloaded models that "
                   "lower its validation loss, weighted by loss gain per distance")
 class FedFOMO(Method):
-    class Params(Params):
+    class Params(BaseParams):
         models_downloaded: Count = Field(10, ge=1)  # H (002 C.4)
         epsilon: Float = Field(0.3, ge=0, le=1)  # exploration probability in round 1 (official code)
         epsilon_decay: Float = Field(0.05, ge=0)  # subtracted each round (official code)
         own_from_server: bool = True  # the client's own model comes with the H others (the "+1")
 
-    def bind(self, ctx) -> None:
+    hp: FedFOMO.Params
+
+    def bind(self, ctx: Context) -> None:
         super().bind(ctx)
         self.distance_keys = [k for k in self.shared if k in ctx.param_keys]
         # What each client weighs the models on: its own validation cut (the paper's); a client whose
@@ -80,7 +84,7 @@ class FedFOMO(Method):
                              "(e.g. [0.8, 0.1, 0.1]) or set partition.samples_per_client.val")
 
     # -- server side -----------------------------------------------------------------------------
-    def init_server(self, init_state):
+    def init_server(self, init_state: Mapping[str, torch.Tensor]) -> dict:
         K = self.ctx.num_clients
         return {"init": clone(select(init_state, self.shared)), "models": {},
                 "affinity": torch.zeros(K, K, dtype=torch.float64)}
@@ -173,7 +177,7 @@ class FedFOMO(Method):
             out[key] = (base + step).to(state[key].dtype)
         return out
 
-    def run_warnings(self, diagnostics) -> list[str]:
+    def run_warnings(self, diagnostics: Sequence[Mapping[str, float]]) -> list[str]:
         if not self.fallbacks:
             return []
         return [f"fedfomo: {self.fallbacks} of {self.ctx.num_clients} clients have no validation cut of their own "

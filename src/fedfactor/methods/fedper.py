@@ -13,7 +13,7 @@ from pydantic import model_validator
 
 from ..errors import UsageError
 from ..models import unit_entries, weight_layers
-from .base import METHODS, Count, Method, Params
+from .base import METHODS, Count, Method, Params as BaseParams
 
 
 def check_layer_count(key: str, count: int, L: int | None = None) -> None:
@@ -33,13 +33,15 @@ def top_layer_entries(model, count: int, key: str) -> list[str]:
 @METHODS.register("fedper", "FedPer (Arivazhagan et al. 2019): the top layers (the classifier by default) stay "
                   "personal, the base is averaged as in FedAvg")
 class FedPer(Method):
-    class Params(Params):
+    class Params(BaseParams):
         personal_layers: Count = 1  # the top layers each client keeps (001 5.1: the last one)
 
         @model_validator(mode="after")
         def _check(self):
             check_layer_count("personal_layers", self.personal_layers)  # the upper end once the model is known
             return self
+
+    hp: Params
 
     def shared_keys(self) -> list[str]:
         personal = set(top_layer_entries(self.ctx.model, self.hp.personal_layers, "personal_layers"))

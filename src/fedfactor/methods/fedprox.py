@@ -3,7 +3,7 @@ from pydantic import Field
 
 from ..fl.state import State
 from ..fl.train import ClientLoss, Phase
-from .base import METHODS, Float, Method, Params
+from .base import METHODS, Float, Method, Params as BaseParams
 
 
 def proximal(anchor: State, weight: float) -> ClientLoss:
@@ -29,8 +29,10 @@ def _proximal(params, batch, logits, inputs):
 
 @METHODS.register("fedprox", "FedProx (Li et al. 2020): FedAvg plus a proximal term mu/2 ||w - w_global||^2")
 class FedProx(Method):
-    class Params(Params):
+    class Params(BaseParams):
         mu: Float = Field(0.01, ge=0)
+
+    hp: Params
 
     def plan(self, k, state, received):
         # The anchor is the global model as received this round; personal parameters (a local

@@ -10,25 +10,27 @@ Choices the paper leaves open: docs/methods/fedrep.md
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, cast
 
 from pydantic import model_validator
 
 from ..fl.state import State
 from ..fl.train import Phase
-from .base import METHODS, Count, Method, Params, at_least
+from .base import METHODS, Count, Method, Params as BaseParams, at_least
 
 
 @METHODS.register("fedrep", "FedRep (Collins et al. 2021): shared body, personal head; each round trains the head "
                   "with the body frozen, then the body with the head frozen")
 class FedRep(Method):
-    class Params(Params):
+    class Params(BaseParams):
         head_epochs: Count = 10  # the FedRep paper's ten head epochs per round
 
         @model_validator(mode="after")
         def _check(self):
             at_least("head_epochs", self.head_epochs, 1)
             return self
+
+    hp: Params
 
     def bind(self, ctx) -> None:
         super().bind(ctx)
@@ -44,7 +46,7 @@ class FedRep(Method):
     def new_client_models(self, server: dict, k: int, fresh: State,
                           members: Callable[[], list[State]]) -> dict[str, State | list[State]]:
         models = super().new_client_models(server, k, fresh, members)
-        received = models["received"]
+        received = cast(State, models["received"])  # the base's received model is one state
         trained, _ = self.ctx.fit(k, received, [Phase(params=self.head, epochs=self.hp.head_epochs)])
         # Training mode moves BatchNorm running statistics even in a frozen body: put the body back.
         return {**models, "localtrain": {**trained, **{key: received[key] for key in self.shared}}}

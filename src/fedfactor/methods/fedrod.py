@@ -10,7 +10,7 @@ Choices the paper leaves open: docs/methods/fedrod.md
 from __future__ import annotations
 
 import copy
-from typing import Callable
+from typing import Annotated, Callable, cast
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,7 @@ from ..errors import UsageError
 from ..fl.state import State, clone, select
 from ..fl.train import make_optimizer, train_loss
 from ..models import HeadedModel
-from .base import METHODS, Method, Params, one_of
+from .base import METHODS, Method, Params as BaseParams, one_of
 
 PERSONAL = "phead"  # the personal head's module name: its state entries are phead.*
 
@@ -62,9 +62,11 @@ def balanced_cross_entropy(logits: torch.Tensor, y: torch.Tensor, log_prior: tor
 @METHODS.register("fedrod", "FedRoD (Chen and Chao, ICLR 2022): shared body and generic head trained on the "
                   "balanced softmax loss, a personal head on top; prediction adds both heads")
 class FedRoD(Method):
-    class Params(Params):
+    class Params(BaseParams):
         # generic: the body learns from the balanced loss only (PFLlib) | both (Fling)
-        body_loss: one_of("generic", "both") = "generic"
+        body_loss: Annotated[str, one_of("generic", "both")] = "generic"
+
+    hp: Params
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         if not isinstance(model, HeadedModel):
@@ -79,7 +81,7 @@ class FedRoD(Method):
         return [key for key in super().shared_keys() if not key.startswith(PERSONAL + ".")]
 
     def local_train(self, k: int, state: State, received: State) -> tuple[State, float]:
-        model = self.ctx.model
+        model = cast(TwoHeads, self.ctx.model)  # prepare_model made it
         model.load_state_dict(select(state, self.model_keys))
         opt = make_optimizer(self.ctx.optim, model.parameters())
         log_prior = class_log_prior(self.ctx.split(k, "train").y, model.head.out_features)
@@ -105,6 +107,6 @@ class FedRoD(Method):
     def new_client_models(self, server: dict, k: int, fresh: State,
                           members: Callable[[], list[State]]) -> dict[str, State | list[State]]:
         models = super().new_client_models(server, k, fresh, members)
-        received = models["received"]
+        received = cast(State, models["received"])  # the base's received model is one state
         generic = {**received, **{key: torch.zeros_like(received[key]) for key in self.personal}}
         return {**models, "generic": generic}

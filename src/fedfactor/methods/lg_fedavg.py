@@ -15,20 +15,22 @@ from pydantic import model_validator
 
 from ..errors import UsageError
 from ..fl.state import State
-from .base import METHODS, Count, Method, Params
+from .base import METHODS, Count, Method, Params as BaseParams
 from .fedper import check_layer_count, top_layer_entries
 
 
 @METHODS.register("lg_fedavg", "LG-FedAvg (Liang et al. 2020): lower layers local, the top layers (the classifier "
                   "by default) averaged; new clients use an ensemble")
 class LGFedAvg(Method):
-    class Params(Params):
+    class Params(BaseParams):
         global_layers: Count = 1  # the top layers that are averaged (official code and FL-bench default)
 
         @model_validator(mode="after")
         def _check(self):
             check_layer_count("global_layers", self.global_layers)  # the upper end once the model is known
             return self
+
+    hp: Params
 
     def shared_keys(self) -> list[str]:
         shared = set(top_layer_entries(self.ctx.model, self.hp.global_layers, "global_layers"))

@@ -10,7 +10,7 @@ Choices the paper leaves open: docs/methods/per_fedavg.md
 from __future__ import annotations
 
 import contextlib
-from typing import Sequence
+from typing import Annotated, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,7 @@ from pydantic import Field, field_validator
 from ..fl.state import State
 from ..fl.train import Batch, derive_seed, make_optimizer, mean_loss
 from ..models.layers import recurrent_layer
-from .base import METHODS, Count, Method, Params, one_of, positive_or_none, variant
+from .base import METHODS, Count, Method, Params as BaseParams, one_of, positive_or_none, variant
 
 ADAPTATION_STREAM = 2**31 + 4  # derive_seed tag of the adaptation batch's stream
 
@@ -27,16 +27,19 @@ ADAPTATION_STREAM = 2**31 + 4  # derive_seed tag of the adaptation batch's strea
 @METHODS.register("per_fedavg", "Per-FedAvg (Fallah et al., NeurIPS 2020): MAML meta-steps locally, FedAvg "
                   "aggregation, scored after one adaptation step; first-order by default")
 class PerFedAvg(Method):
-    class Params(Params):
+    class Params(BaseParams):
         alpha: int | float | None = None  # inner (adaptation) step size; null: the run's fl.lr
         beta: int | float | None = None  # meta step size; null: the run's fl.lr
-        variant: one_of("fo", "hf") = "fo"  # fo (first order) | hf (Hessian-free: exact Hessian-vector product)
+        # fo (first order) | hf (Hessian-free: exact Hessian-vector product)
+        variant: Annotated[str, one_of("fo", "hf")] = "fo"
         steps: Count = Field(0, ge=0)  # meta-steps per round; 0: fl.epochs passes over the data
 
         @field_validator("alpha", "beta", mode="before")
         @classmethod
         def _step(cls, value, info):
             return positive_or_none(info.field_name, value, "the run's fl.lr")
+
+    hp: Params
 
     def bind(self, ctx) -> None:
         super().bind(ctx)

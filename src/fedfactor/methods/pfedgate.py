@@ -11,6 +11,8 @@ More on how it is settled here: docs/methods/pfedgate.md
 
 from __future__ import annotations
 
+from typing import Annotated, Any, cast
+
 import torch.nn.functional as F
 from pydantic import Field, field_validator, model_validator
 from torch import nn
@@ -20,7 +22,7 @@ from ..fl.state import State, clone, select
 from ..fl.train import Trainer, derive_seed, make_optimizer, mean_loss
 from ..models import resolve_layers
 from ..reparam.gate import GatedModel
-from .base import METHODS, Count, Float, Method, Params, one_of, positive_or_none
+from .base import METHODS, Count, Float, Method, Params as BaseParams, one_of, positive_or_none
 
 GATE = "gate."  # the personal gate's entries
 OPTIM_TAG = "pfedgate"  # a client's optimizer state between rounds: "optim.pfedgate.<parameter>.<entry>"
@@ -33,13 +35,13 @@ class PFedGate(Method):
     recurrent_refused = ("its gate reads the raw input as image intensities (switchable normalisation, a Linear "
                          "over them), and token ids are category numbers")
 
-    class Params(Params):
+    class Params(BaseParams):
         sparsity: Float = Field(0.5, gt=0, le=1)  # s, share kept (paper: 1, 0.5, 0.3; 0.5 the scripts' most common)
         split: Count = Field(5, ge=1)  # blocks per parameter tensor (the authors' scripts)
         gate_lr: int | float | None = None  # the gate's learning rate; null: the run's fl.lr
         clip: Float = Field(10.0, ge=0)  # max gradient norm of gate and model, each; 0: none (the code: 10)
         # official (the authors' code) | paper: budget, ranking, scaling (reparam/gate.py)
-        style: one_of("official", "paper") = "official"
+        style: Annotated[str, one_of("official", "paper")] = "official"
         keep_optimizer: bool = True  # each client's optimizer state carries over to its next round (the code)
 
         @field_validator("gate_lr", mode="before")
@@ -56,6 +58,8 @@ class PFedGate(Method):
                                  "style official (the code's budget); use split >= 2 or style paper")
             return self
 
+    hp: Params
+
     def prepare_model(self, model: nn.Module) -> nn.Module:
         return GatedModel(model, self.hp.split, self.hp.sparsity, style=self.hp.style)
 
@@ -71,7 +75,8 @@ class PFedGate(Method):
 
     def analysed_layers(self) -> dict[int, str]:
         try:
-            return {i: f"backbone.{n}" for i, n in resolve_layers(self.ctx.model.backbone, [-1]).items()}
+            backbone = cast(GatedModel, self.ctx.model).backbone
+            return {i: f"backbone.{n}" for i, n in resolve_layers(backbone, [-1]).items()}
         except UsageError:
             return {}
 
@@ -86,10 +91,11 @@ class PFedGate(Method):
         return {**super().init_client(k, init_state), **self.gate_init}
 
     def local_train(self, k: int, state: State, received: State) -> tuple[State, float]:
-        model = self.ctx.model
+        model = cast(GatedModel, self.ctx.model)  # prepare_model made it
         model.load_state_dict(select(state, self.model_keys))
         shared, gate = list(model.backbone.parameters()), list(model.gate.parameters())
-        opt = make_optimizer(self.ctx.optim, [{"params": shared}, {"params": gate, "lr": self.gate_lr}])
+        groups: list[dict[str, Any]] = [{"params": shared}, {"params": gate, "lr": self.gate_lr}]
+        opt = make_optimizer(self.ctx.optim, groups)
         named = dict(model.named_parameters())
         if self.hp.keep_optimizer:
             Trainer.restore_optimizer(opt, OPTIM_TAG, named, state)

@@ -11,13 +11,15 @@ Choices the paper leaves open: docs/methods/pfedpara.md
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import Field, field_validator
 from torch import nn
 
 from ..errors import UsageError
 from ..reparam import gamma_for_share, hadamard_layers, hadamardize
 from ..reparam.hadamard import INITS
-from .base import METHODS, Float, Method, Params, one_of
+from .base import METHODS, Float, Method, Params as BaseParams, one_of
 
 
 @METHODS.register("pfedpara", "pFedPara (Hyeon-Woo et al., ICLR 2022): low-rank Hadamard layers W1 o (W2 + 1); "
@@ -26,12 +28,12 @@ class PFedPara(Method):
     recurrent_refused = ("its Hadamard layers replace Conv2d and Linear weights only (FedPara's own LSTM "
                          "parameterisation is not implemented), so the LSTM weights would have no personal part")
 
-    class Params(Params):
+    class Params(BaseParams):
         capacity: Float = Field(0.95, gt=0, le=1)  # parameter share of the original model (002 C.2: 90-99 %)
         gamma: int | float | None = None  # FedPara's rank ratio in [0, 1]; when set it replaces capacity
         share_other: bool = False  # also share biases and BatchNorm (parameters and statistics)
         # fedpara: He-normal factors (the authors' code) | scaled: at the replaced layer's scale
-        init: one_of(*INITS) = "fedpara"
+        init: Annotated[str, one_of(*INITS)] = "fedpara"
 
         @field_validator("gamma", mode="before")
         @classmethod
@@ -40,6 +42,8 @@ class PFedPara(Method):
                                       or not 0 <= gamma <= 1):
                 raise UsageError(f"method.gamma must be a number in [0, 1] or null (got {gamma!r})")
             return gamma
+
+    hp: Params
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         gamma = self.hp.gamma

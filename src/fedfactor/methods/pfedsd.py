@@ -7,13 +7,15 @@ teacher t), and is scored with the model it trained. Choices the paper leaves op
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 
 from ..fl.state import State
 from ..fl.train import Phase, run_with
-from .base import METHODS, Float, Method, Params, one_of
+from .base import METHODS, Float, Method, Params as BaseParams, one_of
 
 TEACHER = "pfedsd.teacher."  # prefix of the kept personalised model's entries in a client's state
 
@@ -28,10 +30,12 @@ def distillation(student: torch.Tensor, teacher: torch.Tensor, temperature: floa
 @METHODS.register("pfedsd", "pFedSD (Jin et al., IEEE TPDS 2023): FedAvg whose clients distil from their own "
                   "previous personalised model; each client is scored with the model it trained")
 class PFedSD(Method):
-    class Params(Params):
+    class Params(BaseParams):
         temperature: Float = Field(3.0, gt=0)  # T (Fling's tau under FedDecomp's protocol)
         lam: Float = Field(0.5, ge=0)  # lambda, the distillation weight (Fling's lamda)
-        teacher_mode: one_of("train", "eval") = "train"  # train (authors' code, Fling) | eval
+        teacher_mode: Annotated[str, one_of("train", "eval")] = "train"  # train: the authors' code (Fling)
+
+    hp: Params
 
     def bind(self, ctx) -> None:
         super().bind(ctx)
@@ -39,9 +43,8 @@ class PFedSD(Method):
 
     def teacher(self, state: State) -> State | None:
         """The client's kept personalised model, as model entries; None before its first round."""
-        if TEACHER + self.model_keys[0] not in state:
-            return None
-        return {key: state[TEACHER + key] for key in self.model_keys}
+        kept = TEACHER + self.model_keys[0] in state
+        return {key: state[TEACHER + key] for key in self.model_keys} if kept else None
 
     def teacher_logits(self, teacher: State, x: torch.Tensor) -> torch.Tensor:
         # BatchNorm in training mode updates running statistics in place: let it update copies.

@@ -24,6 +24,8 @@ hidden unit (its rows of weight_ih and weight_hh, gate by gate). `layer_entries`
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -64,7 +66,8 @@ def layer_units(model: nn.Module, name: str) -> int:
     """The number of output units of layer `name`: channels, features or an LSTM's hidden units."""
     layer = model.get_submodule(name)
     lstm = _lstm(layer, name)
-    return lstm.hidden_size if lstm is not None else int(layer.weight.shape[0])
+    # a weight layer's weight is a tensor: a parameter, or computed from the factors (Reparameterized)
+    return lstm.hidden_size if lstm is not None else int(cast(torch.Tensor, layer.weight).shape[0])
 
 
 def unit_rows(mask: torch.Tensor, rows: int) -> torch.Tensor:
@@ -128,8 +131,10 @@ class _Weight(nn.Module):
 
     def forward(self) -> torch.Tensor:
         if isinstance(self.layer, nn.LSTM):
-            return lstm_unit_weights(self.layer.weight_ih_l0, self.layer.weight_hh_l0)
-        w = self.layer.weight  # plain; computed from the factors for a Reparameterized layer
+            # nn.LSTM registers its parameters by name at run time: torch does not type them
+            return lstm_unit_weights(cast(torch.Tensor, self.layer.weight_ih_l0),
+                                     cast(torch.Tensor, self.layer.weight_hh_l0))
+        w = cast(torch.Tensor, self.layer.weight)  # plain; computed from the factors for a Reparameterized layer
         if isinstance(self.layer, (LowRankConv2d, LowRankLinear)):
             w = w + self.layer.tau()  # FedDecomp: sigma (the layer's weight) + tau
         return w

@@ -52,7 +52,8 @@ def small_resnet(widths: tuple[int, ...], channels: int, num_classes: int, stem:
     for m in model.body.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-    model.projections = tuple(n for n, _ in model.named_modules() if n.endswith(".downsample.0"))
+    # setattr: nn.Module types the attributes it sets as tensors or modules (weight_layers reads this one)
+    setattr(model, "projections", tuple(n for n, _ in model.named_modules() if n.endswith(".downsample.0")))
     return model
 
 

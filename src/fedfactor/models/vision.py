@@ -29,6 +29,7 @@ only when a model of it is built: the import costs over a second (it pulls in to
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -36,13 +37,18 @@ from torch import nn
 from ..errors import UsageError
 from .registry import MODELS, HeadedModel, scaled
 
+if TYPE_CHECKING:
+    from torchvision.models import ResNet
+
 
 def _first_conv_for(conv: nn.Conv2d, channels: int) -> nn.Conv2d:
     """torchvision's first conv, re-made for `channels` input channels (grayscale data, no weights)."""
     if channels == conv.in_channels:
         return conv
-    new = nn.Conv2d(channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
-                    bias=conv.bias is not None)
+    # a Conv2d's sizes are pairs (its padding may be a mode); torch types them as any convolution's tuples
+    kernel, stride = cast("tuple[int, int]", conv.kernel_size), cast("tuple[int, int]", conv.stride)
+    padding = cast("str | tuple[int, int]", conv.padding)
+    new = nn.Conv2d(channels, conv.out_channels, kernel, stride, padding, bias=conv.bias is not None)
     # ResNet and VGG initialise every conv this way; the default init would differ from the rest
     nn.init.kaiming_normal_(new.weight, mode="fan_out", nonlinearity="relu")
     if new.bias is not None:
@@ -50,7 +56,7 @@ def _first_conv_for(conv: nn.Conv2d, channels: int) -> nn.Conv2d:
     return new
 
 
-def _narrow_resnet18(tv: nn.Module, multiplier: float) -> None:
+def _narrow_resnet18(tv: ResNet, multiplier: float) -> None:
     """Re-make torchvision's ResNet-18 `tv` in place with every stage `multiplier` times as wide, by its
     own `_make_layer`: the same modules and names, initialised as torchvision initialises them."""
     from torchvision.models.resnet import BasicBlock
@@ -77,7 +83,8 @@ def resnet18(channels: int, height: int, width: int, num_classes: int, multiplie
     # ResNet's stride-2 convs and pools pad enough to keep >= 1 pixel: any input size works
     parts = [(n, m) for n, m in tv.named_children() if n != "fc"] + [("flatten", nn.Flatten())]
     model = HeadedModel(nn.Sequential(OrderedDict(parts)), tv.fc)
-    model.projections = tuple(n for n, _ in model.named_modules() if n.endswith(".downsample.0"))
+    # setattr: nn.Module types the attributes it sets as tensors or modules (weight_layers reads this one)
+    setattr(model, "projections", tuple(n for n, _ in model.named_modules() if n.endswith(".downsample.0")))
     return model
 
 
@@ -115,6 +122,7 @@ def _narrow_vgg16(multiplier: float) -> tuple[nn.Sequential, nn.Module, nn.Seque
     for m in [*features, *classifier]:
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            assert m.bias is not None  # make_layers builds its convs with a bias
             nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, 0, 0.01)
@@ -173,5 +181,6 @@ def femnist_cnn_softmax(channels: int, height: int, width: int, num_classes: int
     """femnist_cnn with the official CNNMnist's final Softmax (fc2 = Sequential(Linear, Softmax)): the
     official loss, CrossEntropyLoss, applies a second one. Same weights and numbering as femnist_cnn;
     a method that calls the body and head itself (FedRoD, FedEM's components) sees their logits."""
-    plain = femnist_cnn(channels, height, width, num_classes, multiplier)
+    # a HeadedModel: MODELS.register types every factory as returning an nn.Module
+    plain = cast(HeadedModel, femnist_cnn(channels, height, width, num_classes, multiplier))
     return _SoftmaxOutput(plain.body, plain.head)

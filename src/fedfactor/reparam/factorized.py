@@ -18,7 +18,7 @@ Hadamard layers of FedPara (reparam/hadamard.py).
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from typing import Callable, Literal, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,14 @@ Layout = Literal["paper", "official", "simfed"]
 LAYOUTS = ("paper", "official", "simfed")
 MU_INITS = ("zero", "official")
 BIAS_INITS = ("layer", "official")
+
+
+class ConvArgs(TypedDict):
+    """The replaced convolution's arguments to F.conv2d besides its weight and bias."""
+
+    stride: tuple[int, ...]
+    padding: str | tuple[int, ...]
+    dilation: tuple[int, ...]
 
 
 class Reparameterized(nn.Module):
@@ -41,15 +49,16 @@ class Reparameterized(nn.Module):
     conv: bool
     shape: tuple[int, ...]  # the replaced layer's weight shape: (O, I, k, k) or (O, I)
     bias: nn.Parameter | None
+    conv_args: ConvArgs  # a convolution's only
 
     def __init__(self, layer: nn.Conv2d | nn.Linear):
         super().__init__()
         self.conv = isinstance(layer, nn.Conv2d)
-        if self.conv:
+        if isinstance(layer, nn.Conv2d):
             if layer.groups != 1 or layer.padding_mode != "zeros" or layer.kernel_size[0] != layer.kernel_size[1]:
                 raise ValueError(f"only square, ungrouped, zero-padded convolutions can become {type(self).__name__} "
                                  "layers")
-            self.conv_args = dict(stride=layer.stride, padding=layer.padding, dilation=layer.dilation)
+            self.conv_args = ConvArgs(stride=layer.stride, padding=layer.padding, dilation=layer.dilation)
             self.shape = (layer.out_channels, layer.in_channels, *layer.kernel_size)
         else:
             self.shape = (layer.out_features, layer.in_features)
@@ -64,7 +73,8 @@ class Reparameterized(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.conv:
-            return F.conv2d(x, self.weight, self.bias, **self.conv_args)
+            # F.conv2d takes a padding tuple and a padding mode in two overloads; one union matches neither
+            return F.conv2d(x, self.weight, self.bias, **self.conv_args)  # type: ignore[arg-type]
         return F.linear(x, self.weight, self.bias)
 
 
@@ -140,7 +150,7 @@ class Factorized(Reparameterized):
         """u v^T + mu, with mu pruned below the threshold when the layer is evaluated."""
         m = self.u @ self.v.T
         if self.mu is not None:
-            mu = self.mu
+            mu: torch.Tensor = self.mu
             if not self.training and self.threshold > 0:
                 mu = mu * (mu.abs() >= self.threshold)
             m = m + mu

@@ -63,7 +63,10 @@ class Blocks:
 
 
 def split_blocks(backbone: nn.Module, split: int) -> Blocks:
-    spans, sizes, linear, always = {}, [], [], []
+    spans: dict[str, tuple[int, int, int]] = {}
+    sizes: list[int] = []
+    linear: list[bool] = []
+    always: list[bool] = []
     owners = {f"{m}.{p}" if m else p: isinstance(mod, nn.Linear)
               for m, mod in backbone.named_modules() for p, _ in mod.named_parameters(recurse=False)}
     for name, param in backbone.named_parameters():
@@ -105,6 +108,9 @@ class SwitchNorm2d(nn.Module):
     """Switchable normalisation (Luo et al., ICLR 2019): a learned softmax mix of instance, layer
     and batch statistics; the gate's input normalisation in the authors' code (their copy of the
     reference implementation: unbiased instance variance, batch statistics averaged from it)."""
+
+    running_mean: torch.Tensor  # buffers
+    running_var: torch.Tensor
 
     def __init__(self, channels: int, eps: float = 1e-5, momentum: float = 0.1):
         super().__init__()
@@ -182,8 +188,8 @@ class GatedModel(nn.Module):
         if self.style == "paper":
             if self.sparsity == 1:
                 return floored
-            keep = select_blocks(floored.detach().cpu().numpy(), b.size, b.linear, b.always, self.sparsity)
-            return floored * torch.as_tensor(keep, dtype=raw.dtype, device=raw.device)
+            kept = select_blocks(floored.detach().cpu().numpy(), b.size, b.linear, b.always, self.sparsity)
+            return floored * torch.as_tensor(kept, dtype=raw.dtype, device=raw.device)
         if self.sparsity == 1:
             return raw
         # The code's knapsack values: floored scores in tenths (float64, rounded half to even).

@@ -29,7 +29,7 @@ Every rank is at least 1. The layers subclass nn.Conv2d / nn.Linear, so code tha
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from torch import nn
@@ -48,6 +48,7 @@ def rank_for(ratio: float, n: int) -> int:
 class _LowRank:
     """What both layer kinds share: the factors, their initialisation and tau itself."""
 
+    weight: torch.Tensor  # sigma: the nn.Conv2d's or nn.Linear's own, which the layer classes add
     tau_style: Style
     tau_rank: int
     tau_scale: float
@@ -105,7 +106,8 @@ class _LowRank:
         return cache[1]
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, tau rank={self.tau_rank} ({self.tau_style})"
+        # super() is the layer class after this mixin in the layer classes' MRO (nn.Conv2d, nn.Linear)
+        return f"{super().extra_repr()}, tau rank={self.tau_rank} ({self.tau_style})"  # type: ignore[misc]
 
 
 class LowRankConv2d(_LowRank, nn.Conv2d):
@@ -146,11 +148,12 @@ def decompose(model: nn.Module, conv_ratio: float, linear_ratio: float, linear_r
             # module would re-draw (and then discard) a weight from the global random stream.
             m.__class__ = LowRankConv2d
         else:
+            assert isinstance(m, nn.Linear)  # targets are Conv2d and Linear layers only
             O, I = m.out_features, m.in_features
             r = linear_rank if linear_rank > 0 else rank_for(linear_ratio, min(I, O))
             b_shape, a_shape = ((I, r), (r, O)) if style == "paper" else ((O, r), (r, I))
             m.__class__ = LowRankLinear
-        m._add_tau(b_shape, a_shape, style, r, generator)
+        cast(_LowRank, m)._add_tau(b_shape, a_shape, style, r, generator)  # its class swapped above
     return model
 
 

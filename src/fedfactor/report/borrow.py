@@ -151,6 +151,7 @@ def borrowed_claims(config: Mapping[str, Any]) -> tuple[list[dict[str, Any]], li
             if doc is not None:
                 claims.append(doc)
             else:
+                assert record is not None  # _borrow_one returns exactly one of the two
                 record["text"] = any(s.method in (source.get("text_variants") or {}) for s in claim.sides())
                 deferred.append({k: v for k, v in record.items() if v is not None})
     return claims, deferred

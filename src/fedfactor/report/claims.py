@@ -35,7 +35,7 @@ import html
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Sequence, cast
 
 import numpy as np
 import pandas as pd
@@ -290,9 +290,12 @@ def _checks(claim, reader: _Reader) -> tuple[list[_Check], str]:
             f" by >= {_fmt(claim.margin, unit)} {unit}" if claim.margin else "")
         return _difference(claim, reader, pairs, _above(claim.margin), unit), cond
     if isinstance(claim, CloseClaim):
+        # CloseClaim._one_form: either a, b and scenarios are all given, or method, from and to
         if claim.scenarios is not None:
+            assert claim.a is not None and claim.b is not None
             pairs = [((claim.a, s), (claim.b, s)) for s in claim.scenarios]
         else:
+            assert claim.method is not None and claim.from_ is not None and claim.to is not None
             pairs = [((claim.method, f), (claim.method, t)) for f, t in zip(claim.from_, claim.to)]
         region = _Region(-claim.tolerance, claim.tolerance)
         return _difference(claim, reader, pairs, region, unit), f"|difference| <= {_fmt(claim.tolerance, unit)} {unit}"
@@ -341,9 +344,10 @@ def _best(claim: BestClaim, reader: _Reader, unit: str) -> tuple[list[_Check], s
     out = []
     for s in claim.scenarios:
         mine = reader.get(claim.method, s, claim.metric_of(claim.method))
-        others = [reader.get(o, s, claim.metric_of(o)) for o in claim.among]
-        if mine is None or any(o is None for o in others):
+        got = [reader.get(o, s, claim.metric_of(o)) for o in claim.among]
+        if mine is None or any(o is None for o in got):
             continue
+        others = cast("list[Values]", got)  # none is None: checked just above
 
         def lead(me: float, *rest: float) -> float:
             return min(rest) - me if lowest else me - max(rest)

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence, cast
 
 import pandas as pd
 
 from ..errors import UsageError
 from ..io import atomic_write_bytes
 from .runs import RunKey, find_summaries, read_summary
+
+if TYPE_CHECKING:
+    from matplotlib.colors import ListedColormap
 
 SMOKE_TITLE = "SMOKE RUN on synthetic data — not results"
 WATERMARK = "SMOKE RUN\nsynthetic data"
@@ -82,10 +85,15 @@ def method_styles(methods: Sequence[str]) -> dict[str, dict[str, Any]]:
     """
     import matplotlib
 
+    def colors(name: str) -> tuple[tuple[float, float, float], ...]:
+        # the qualitative maps are ListedColormaps of RGB tuples; the stubs type both more loosely
+        cmap = cast("ListedColormap", matplotlib.colormaps[name])
+        return cast(tuple[tuple[float, float, float], ...], cmap.colors)
+
     if len(methods) <= 10:
-        palette = list(matplotlib.colormaps["tab10"].colors)
+        palette = list(colors("tab10"))
     else:
-        t20, t20b = matplotlib.colormaps["tab20"].colors, matplotlib.colormaps["tab20b"].colors
+        t20, t20b = colors("tab20"), colors("tab20b")
         palette = list(t20[0::2]) + list(t20[1::2]) + list(t20b[0::4]) + list(t20b[2::4])
     lines = ["-", "--", ":", "-."]
     return {m: {"color": palette[i % len(palette)], "linestyle": lines[(i // len(palette)) % len(lines)]}

@@ -203,6 +203,7 @@ def resolve_table(table: PaperTable, metric: str, folder: Path) -> Section:
     for scenario, columns in table.scenarios.items():
         for col in columns:
             dataset = col.dataset or table.dataset
+            assert dataset is not None  # PaperTable._consistent requires one
             for label, rows in table.methods.items():
                 for row in rows:
                     parts = _parts(col.setting) + _parts(row.setting or "")
@@ -212,7 +213,9 @@ def resolve_table(table: PaperTable, metric: str, folder: Path) -> Section:
                         put(label, i, Mapped(scenario, label, _quantity(metric, col.clients, row.new_clients)), what)
     for n, c in enumerate(table.cells):
         what = f"cells[{n}]"
-        i = _match(table, metric, values, c.dataset or table.dataset, _parts(c.setting), c.paper_method, what, every)
+        dataset = c.dataset or table.dataset
+        assert dataset is not None  # PaperTable._consistent requires one
+        i = _match(table, metric, values, dataset, _parts(c.setting), c.paper_method, what, every)
         if i is not None:
             put(c.method, i, Mapped(c.scenario, c.method, _quantity(metric, c.clients, c.new_clients)), what)
 
@@ -348,11 +351,13 @@ def _rows(study: StudySpec, runs: StudyRuns, section: Section) -> tuple[list[Row
             name = text if len(labels) != 1 else f"{text} — ours: {labels[0]}"
             row = RowOut(name)
             for ckey, _ in columns:
-                i = at.get((key, ckey))
-                label = lane.get(ckey) or (labels[0] if len(labels) == 1 and section.spec.layout is None else None)
-                cell = CellOut(section.values[i] if i is not None else None, label, None,
-                               show_label=len(labels) > 1 and label is not None)
-                m = section.mapped.get((label, i)) if label is not None and i is not None else None
+                index = at.get((key, ckey))
+                cell_label = (lane.get(ckey)
+                              or (labels[0] if len(labels) == 1 and section.spec.layout is None else None))
+                cell = CellOut(section.values[index] if index is not None else None, cell_label, None,
+                               show_label=len(labels) > 1 and cell_label is not None)
+                m = (section.mapped.get((cell_label, index)) if cell_label is not None and index is not None
+                     else None)
                 if cell.value is not None or m is not None:
                     _our_cell(study, runs, section, cell, m)
                 row.cells[ckey] = cell

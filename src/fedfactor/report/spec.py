@@ -337,6 +337,7 @@ class CloseClaim(_Claim):
         if all(v is not None for v in within) and all(v is None for v in across):
             return self
         if all(v is not None for v in across) and all(v is None for v in within):
+            assert self.from_ is not None and self.to is not None  # `across` is all set
             _check_pairs(self.from_, self.to)
             return self
         raise ValueError(f"close claim {self.id!r}: give either a, b and scenarios, or method, from and to")
@@ -347,6 +348,7 @@ class CloseClaim(_Claim):
     def scenario_names(self):
         if self.scenarios is not None:
             return list(self.scenarios)
+        assert self.from_ is not None and self.to is not None  # the other form, which _one_form checked
         return list(dict.fromkeys([*self.from_, *self.to]))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 import yaml
@@ -132,7 +132,7 @@ def caption(agg: pd.DataFrame) -> str:
             "over the run.")
 
 
-def to_markdown(agg: pd.DataFrame, title: str, notes: list[str] = (),
+def to_markdown(agg: pd.DataFrame, title: str, notes: Sequence[str] = (),
                 chosen: Mapping[tuple[str, str], str] | None = None) -> str:
     head, rows = cells(agg, chosen)
     lines = [f"# {title}", "", caption(agg), *(f"\n{n}" for n in notes), "",
@@ -141,7 +141,7 @@ def to_markdown(agg: pd.DataFrame, title: str, notes: list[str] = (),
     return "\n".join(lines) + "\n"
 
 
-def to_html(agg: pd.DataFrame, title: str, notes: list[str] = (),
+def to_html(agg: pd.DataFrame, title: str, notes: Sequence[str] = (),
             chosen: Mapping[tuple[str, str], str] | None = None) -> str:
     head, rows = cells(agg, chosen)
     table = pd.DataFrame(rows, columns=head).to_html(index=False, border=0, classes="results")
@@ -150,7 +150,7 @@ def to_html(agg: pd.DataFrame, title: str, notes: list[str] = (),
             f"<style>{HTML_STYLE}</style></head><body><h1>{html.escape(title)}</h1>{paras}{table}</body></html>\n")
 
 
-def to_latex(agg: pd.DataFrame, title: str, notes: list[str] = (),
+def to_latex(agg: pd.DataFrame, title: str, notes: Sequence[str] = (),
              chosen: Mapping[tuple[str, str], str] | None = None) -> str:
     """The table as a plain LaTeX tabular (no packages needed), for \\input{} into a paper."""
     head, rows = cells(agg, chosen)
@@ -174,7 +174,7 @@ def _words(agg: pd.DataFrame, column: str) -> str:
 
 def write_tables(runs: pd.DataFrame, out_md: str | Path, out_csv: str | Path, title: str = "Results",
                  out_html: str | Path | None = None, out_tex: str | Path | None = None, skipped: dict[str, str] | None = None,
-                 tuned: str | Path | None = None, failed: list[str] = ()) -> str:
+                 tuned: str | Path | None = None, failed: Sequence[str] = ()) -> str:
     """Markdown, csv (and html, LaTeX); `skipped` (label -> method name) lists methods the study names but
     fedfactor does not implement yet; `tuned`, the chosen-values file of a tuned study, adds the values
     each cell's runs used for the keys it tuned (the csv's `chosen` column); `failed`: notes on runs that

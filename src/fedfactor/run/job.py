@@ -35,9 +35,9 @@ from ..config import CheckpointConfig, Config, flatten
 from ..environment import versions
 from ..errors import Interrupted, RunFailed, UsageError
 from .records import RoundRecord, Scores
+from .setup import RunSetup, set_up
 from .simulator import Simulator
 from .summary import ACCURACY_FIELDS, combined, summarize
-from ..methods import build
 from ..io import (NO_SPACE, atomic_open, atomic_write_json, atomic_write_npy, atomic_write_text, check_output,
                  folder_lock, full_disk_message, remove_stale_temporaries)
 from ..tracking import FINAL_KEYS, RUN_FILES, STATE_FILE, Tracker, log_to_run, run_identity
@@ -205,14 +205,16 @@ def chance_warning(accuracy: float, chance: float) -> str | None:
             f"margin {100 * CHANCE_MARGIN:g} pp): the run learned nothing; check fl.lr and the method's settings")
 
 
-def train(cfg: Config, out: Path, hold_signals: bool = False) -> dict[str, Any]:
-    """Run (or resume) the training `cfg` describes in folder `out`; returns the summary.
+def train(run: RunSetup | Config, out: Path, hold_signals: bool = False) -> dict[str, Any]:
+    """Run (or resume) the training `run` describes in folder `out`; returns the summary. A config
+    is set up here (run.setup); the CLI and `train_runs` pass the setup they checked.
     `hold_signals`: stop signals stay ignored once the summary is complete (stop_signals)."""
-    cfg.method = build(cfg.method).spec  # as the run's config records it: every default filled in
+    setup = run if isinstance(run, RunSetup) else set_up(run)
+    cfg = setup.cfg
     check_output(out, "folder")
     check_run_folder(out)
     # every check on the config and the data happens here, before any output
-    sim = Simulator(cfg, states_folder=out / STATES_FOLDER)
+    sim = Simulator(cfg, states_folder=out / STATES_FOLDER, method=setup.method)
     try:
         out.mkdir(parents=True, exist_ok=True)
         # Signals are caught from here on: one arriving while the MLflow run opens still ends in a
@@ -261,10 +263,10 @@ def run_log(path: Path | None) -> Iterator[None]:
         handler.close()
 
 
-def train_runs(runs: list[tuple[Config, Path, Path | None]],
+def train_runs(runs: list[tuple[RunSetup, Path, Path | None]],
                on_finished: Callable[[Path, float], None] | None = None, since: float | None = None,
                hold_signals: bool = False) -> list[tuple[Path, str]]:
-    """Train (cfg, out, log) runs one after another in this process: the workflow's jobs, which pay
+    """Train (setup, out, log) runs one after another in this process: the workflow's jobs, which pay
     Python's, torch's and MLflow's start-up once for several runs instead of once per run.
 
     Each run keeps the folder contract of `train`: one whose folder holds the same run finished is
@@ -275,19 +277,19 @@ def train_runs(runs: list[tuple[Config, Path, Path | None]],
     time.monotonic() value, by default this call). `hold_signals`: the last run holds stop signals
     once its summary is complete (`train`).
     """
-    for cfg, out, _ in runs:  # every method is valid and every folder can be written, before any run starts
-        cfg.method = build(cfg.method).spec
+    for _, out, _ in runs:  # every folder can be written, before any run starts (each method was set up)
         check_output(out, "folder")
         check_run_folder(out)
     failures: list[tuple[Path, str]] = []
     clock = time.monotonic() if since is None else since
-    for i, (cfg, out, log_path) in enumerate(runs):
+    for i, (setup, out, log_path) in enumerate(runs):
+        cfg = setup.cfg
         with run_log(log_path):
             if finished_summary(cfg, out) is not None:
                 log.info("%s holds this run, finished: skipped", out)
                 continue
             try:
-                train(cfg, out, hold_signals and i == len(runs) - 1)
+                train(setup, out, hold_signals and i == len(runs) - 1)
             except (UsageError, RunFailed) as e:
                 log.error("%s: %s", out, e)
                 failures.append(_failed(cfg, out, str(e)))
@@ -347,7 +349,7 @@ def _train(cfg: Config, out: Path, sim: Simulator) -> dict[str, Any]:
         raise
     # summary.json is the job's completion marker: written last, atomically.
     atomic_write_json(out / "summary.json", summary)
-    _finish_tracking(cfg, out, summary, tracker, run_name)
+    _finish_tracking(cfg.tracking.uri, out, summary, tracker, run_name)
     if not cfg.checkpoint.keep:
         checkpoints.path.unlink(missing_ok=True)
     return summary
@@ -496,6 +498,7 @@ def _summarise(cfg: Config, out: Path, sim: Simulator, resumed: list[int], track
     warnings = _run_warnings(sim, scores["accuracy"], chance)
     for line in warnings:
         log.warning("%s: %s", run_name, line)
+    assert sim.partition is not None  # a run that trained holds its partition (only a dry run has none)
     return {
         "method": cfg.label or cfg.method["name"],
         "method_name": cfg.method["name"],
@@ -531,7 +534,7 @@ def _summarise(cfg: Config, out: Path, sim: Simulator, resumed: list[int], track
     }
 
 
-def _finish_tracking(cfg: Config, out: Path, summary: dict[str, Any], tracker: Tracker, run_name: str) -> None:
+def _finish_tracking(uri: str, out: Path, summary: dict[str, Any], tracker: Tracker, run_name: str) -> None:
     """The MLflow run's final metrics (final_*), its warnings as a tag, the run's files, FINISHED."""
     warnings = summary["warnings"]
     finals = {k: summary[k] for k in FINAL_KEYS if summary[k] is not None}
@@ -540,7 +543,7 @@ def _finish_tracking(cfg: Config, out: Path, summary: dict[str, Any], tracker: T
     finals["warnings"] = len(warnings)  # final_warnings: 0 for a run that did not degenerate
     if warnings and tracker.active:  # the lines as a tag, on the run the tracker holds (nothing is created)
         text = "\n".join(warnings)
-        outcome, detail = log_to_run(out, cfg.tracking.uri, {}, {"fedfactor.warnings": text[:5000]},
+        outcome, detail = log_to_run(out, uri, {}, {"fedfactor.warnings": text[:5000]},
                                      run_id=tracker.run_id)
         if outcome != "logged":
             log.warning("%s: the run's warnings are not in MLflow (%s); summary.json has them", run_name, detail)

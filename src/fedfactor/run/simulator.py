@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -53,7 +53,8 @@ class Simulator:
     """
 
     def __init__(self, cfg: Config, dry_run: bool = False, largest_payloads: bool = False,
-                 states_folder: Path | None = None):
+                 states_folder: Path | None = None, method: Method | None = None):
+        """`method`: the one a job set up from `cfg.method` (run.setup); built here when not given."""
         self.cfg = cfg
         self.dry_run = dry_run
         device = resolve_device(cfg.fl.device, available=not dry_run)
@@ -61,7 +62,9 @@ class Simulator:
         info = dataset_info(cfg.data.name, cfg.data.root)
         K = cfg.fl.clients
         # Cheap checks first: a typo should not wait for a dataset to load.
-        self.method = build(cfg.method)
+        if method is not None and hasattr(method, "ctx"):  # bound: it holds another run's state
+            raise ValueError(f"method {cfg.method['name']!r} already served a run: set the run up again (run.setup)")
+        self.method = build(cfg.method) if method is None else method
         if dry_run and self.method.payload_depends_on_values and not largest_payloads:
             raise UsageError(f"method {cfg.method['name']!r} sends payloads whose size depends on trained values; "
                              "`fedfactor cost` cannot project it from shapes: run `fedfactor train` and read "
@@ -203,11 +206,13 @@ class Simulator:
         rounds (a client holds a state of its own only once trained) what it keeps of its own (all of
         the model unless a trained client drops what receive overwrites; the fewest bytes a method
         holds: the real need is higher)."""
-        bytes_of = lambda keys: sum(self.init[k].numel() * self.init[k].element_size() for k in keys)  # noqa: E731
+        def bytes_of(keys: Iterable[str]) -> int:
+            return sum(self.init[k].numel() * self.init[k].element_size() for k in keys)
+
         model = bytes_of(self.init)
         own = bytes_of(set(self.init) - self.dropped_when_trained())
         K = min(len(self.members), self.cfg.fl.rounds * len(self.sample(0)))
-        need, where = model + K * own, self.cfg.store.client_states
+        need, where = model + K * own, str(self.cfg.store.client_states)  # auto: resolved to one of the three
         on_gpu = self.device.type == "cuda"
         if where == "auto":
             where = choose(need, on_gpu, memory_bytes(self.device) if on_gpu else None, available_memory())
@@ -215,7 +220,8 @@ class Simulator:
             probe = folder if folder is not None else Path(tempfile.gettempdir())
             while not probe.exists():  # the run's folder is made after these checks
                 probe = probe.parent
-            have, kind = shutil.disk_usage(probe).free, "free disk"
+            have: int | None = shutil.disk_usage(probe).free
+            kind = "free disk"
         else:
             device = self.device if where == "device" else torch.device("cpu")
             have, kind = memory_bytes(device), f"{device.type} memory"
@@ -235,11 +241,11 @@ class Simulator:
             self._generators[k] = gen
         return self._generators[k]
 
-    def _fit(self, k: int, state: State, phases: list[Phase]) -> tuple[State, float]:
+    def _fit(self, k: int, state: State, phases: Sequence[Phase]) -> tuple[State, float]:
         return self.trainer.fit(state, self.clients[k]["train"], phases, self._generator(k))
 
     def _batches(self, k: int, epochs: int | None = None, steps: int | None = None, split: str = "train",
-                 seed: int | None = None):
+                 seed: int | None = None) -> Iterator[Batch]:
         gen = self._generator(k)
         if seed is not None:  # a stream of its own, which no other draw of the round moves
             gen = torch.Generator(device=self.device)
@@ -344,6 +350,7 @@ class Simulator:
             size = self.cfg.fl.batch_clients_max
             for chunk in (members[i : i + size] for i in range(0, len(members), size)):
                 jobs = [(received[k][0], self.clients[k]["train"], self._generator(k), plans[k]) for k in chunk]
+                assert self.batched is not None  # this runs only where the run has a batched trainer
                 results.update(zip(chunk, self.batched.fit_many(jobs)))
         return results
 
@@ -437,7 +444,7 @@ class Simulator:
         The scored state is built once per client and used for every split: a personalised
         download (similarity mixing) is not recomputed per split.
         """
-        results = {s: ([], []) for s in splits}
+        results: dict[str, tuple[list[int], list[int]]] = {s: ([], []) for s in splits}
         loss = dict.fromkeys(splits, 0.0)
         for k in self.members:
             state = self.scored_state(k)
@@ -452,7 +459,7 @@ class Simulator:
         """The held-out clients' test scores under each of the method's strategies for new clients."""
         # As of the last completed round, also in a job resumed after it (random streams derive from it).
         self.ctx.round, self._generators = self.round, {}
-        results: dict[str, tuple[list, list, float]] = {}
+        results: dict[str, tuple[list[int], list[int], float]] = {}
         members = functools.cache(lambda: [self.scored_state(j) for j in self.members])  # built once, if asked
         for k in self.newcomers:
             models = self.method.new_client_models(self.server, k, self.method.init_client(k, self.init), members)
@@ -501,7 +508,7 @@ class Simulator:
         return self.records
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """Everything the next round depends on, as tensors, numbers and lists (weights_only-loadable).
 
         Per-round random streams are derived from (seed, round, client), so they need no saving; the
@@ -510,7 +517,8 @@ class Simulator:
         if self.scoring_round is not None:
             raise RuntimeError(f"round {self.scoring_round} is trained and not yet scored: a checkpoint now "
                                f"would resume its states as round {self.round}'s")
-        np_state = np.random.get_state()
+        np_state = np.random.get_state(legacy=True)
+        assert isinstance(np_state, tuple)  # legacy: the tuple numpy's set_state takes back
         return {
             "round": self.round,
             "states": self.states.as_list(),
@@ -525,7 +533,7 @@ class Simulator:
             },
         }
 
-    def load_state_dict(self, ckpt: dict) -> None:
+    def load_state_dict(self, ckpt: dict[str, Any]) -> None:
         self.round = int(ckpt["round"])
         self.states.load(list(ckpt["states"]))
         self.server = move(ckpt["server"], self.device)  # read to the host where the states wait off the device

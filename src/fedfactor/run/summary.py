@@ -29,29 +29,39 @@ def combined(scores: Scores, report: str) -> float:
     return scores.weighted if report == "best_weighted" else scores.mean
 
 
+def _test(r: RoundRecord) -> Scores:
+    assert r.test is not None  # only evaluated rounds reach here
+    return r.test
+
+
+def _val(r: RoundRecord) -> Scores:
+    assert r.val is not None  # only rounds with validation scores reach here
+    return r.val
+
+
 def summarize(records: list[RoundRecord], report: str) -> dict[str, Any]:
     """Last-round, best-round and best-on-validation accuracies, and the one `report` picks."""
     scored = [r for r in records if r.test is not None]
     last = scored[-1]
-    best = max(scored, key=lambda r: r.test.mean)  # the first of equal rounds
-    best_w = max(scored, key=lambda r: r.test.weighted)
+    best = max(scored, key=lambda r: _test(r).mean)  # the first of equal rounds
+    best_w = max(scored, key=lambda r: _test(r).weighted)
     with_val = [r for r in scored if r.val is not None]
-    best_val = max(with_val, key=lambda r: r.val.mean) if with_val else None
-    out = {
-        "accuracy_mean": last.test.mean,
-        "accuracy_std": last.test.std,
-        "accuracy_weighted": last.test.weighted,
-        "per_client_accuracy": last.test.per_client.tolist(),
-        "accuracy_best_mean": best.test.mean,
+    best_val = max(with_val, key=lambda r: _val(r).mean) if with_val else None
+    out: dict[str, Any] = {
+        "accuracy_mean": _test(last).mean,
+        "accuracy_std": _test(last).std,
+        "accuracy_weighted": _test(last).weighted,
+        "per_client_accuracy": _test(last).per_client.tolist(),
+        "accuracy_best_mean": _test(best).mean,
         "best_round": best.round,
-        "accuracy_best_weighted": best_w.test.weighted,
+        "accuracy_best_weighted": _test(best_w).weighted,
         "best_weighted_round": best_w.round,
-        "accuracy_at_best_val": best_val.test.mean if best_val else None,
+        "accuracy_at_best_val": _test(best_val).mean if best_val else None,
         "best_val_round": best_val.round if best_val else None,
-        "val_accuracy_best": best_val.val.mean if best_val else None,
+        "val_accuracy_best": _val(best_val).mean if best_val else None,
         # what tuning selects on: the reported round's rule applied to validation numbers alone
         "val_score": (last.val.mean if last.val else None) if report == "last" else
-                     (best_val.val.mean if best_val else None),
+                     (_val(best_val).mean if best_val else None),
         "skipped_updates": [[r.round, k] for r in records for k in r.skipped],
     }
     picked = {"last": ("accuracy_mean", last), "best": ("accuracy_best_mean", best),

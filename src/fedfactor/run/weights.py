@@ -59,7 +59,8 @@ def save_client_weights(keep_weights: bool, sim: Simulator, path: Path) -> tuple
     arrays = {f"{name}.weight": torch.stack([effective_weight(sim.model, name, sim.states[k]) for k in clients])
               .to(torch.float16).cpu().numpy() for name in layers.values()}
     with atomic_open(path) as f:
-        np.savez(f, **arrays)
+        # numpy types **kwds as possibly its allow_pickle flag; these keys are "<layer>.weight"
+        np.savez(f, **arrays)  # type: ignore[arg-type]
     return layers, clients
 
 

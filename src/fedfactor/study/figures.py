@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal, Sequence
+from typing import Annotated, Any, Literal, Sequence
 
 import numpy as np
 import pandas as pd
@@ -90,7 +90,9 @@ class Study:
 def load_study(summaries: Sequence[str | Path]) -> Study:
     """Every run's summary and metrics.csv, checked; UsageError naming the file otherwise."""
     files = list(dict.fromkeys(p.resolve() for p in find_summaries(summaries)))
-    rows, frames, seen = [], [], {}
+    rows: list[dict[str, Any]] = []
+    frames: list[pd.DataFrame] = []
+    seen: dict[tuple[str, str, int], Path] = {}
     for s in files:
         run = read_summary(s, StudyRun)
         key = (run.scenario, run.method, run.seed)
@@ -224,7 +226,7 @@ def _matched_on(run_dir: Path) -> str | None:
 def _spread_rows(study: Study) -> pd.DataFrame:
     """Per scenario, method and round: the quantiles SPREAD and the max of the similarities between
     distinct clients (seeds pooled) the method matched on, its tau and the similarity's name."""
-    rows = []
+    rows: list[dict[str | float, Any]] = []  # the quantile columns are named by their quantile
     for (scenario, method), runs in study.runs.groupby(["scenario", "method"], sort=False):
         named = [(run["dir"], name) for _, run in runs.iterrows() if (name := _matched_on(run["dir"]))]
         if not named:
@@ -421,6 +423,7 @@ def _matching_figure(reps: dict[str, pd.Series], sims: dict[str, heatmaps.Simila
     im = None
     for ax, scenario in zip(axes.flat, counted):
         sim = sims[scenario]
+        assert sim.counts is not None and sim.counts_round is not None  # `counted` holds only those with counts
         share = sim.counts / max(sim.counts_round, 1)
         np.fill_diagonal(share, np.nan)
         im = heatmaps.heatmap(ax, share, cmap, 0, 1)

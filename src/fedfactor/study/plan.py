@@ -27,10 +27,11 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from ..config import Config, load_config, read_mapping
+from ..config import Config, FLConfig, read_mapping
 from ..errors import UsageError
 from ..data.facts import DatasetFacts, dataset_facts
 from ..fl.store import choose
+from ..run.setup import read_run
 from .workflow import StudyRun
 from .workflow import study_runs as workflow_study_runs
 
@@ -305,7 +306,7 @@ def measure(cfg: Config, timed: bool = False) -> Measured:
         key = json.dumps([network, info, cfg.fl.batch_size, cfg.fl.optimizer, cfg.fl.momentum > 0, cfg.fl.precision,
                           augment])
         if key not in _COSTS:
-            _COSTS[key] = step_cost(net, info, d.input == "tokens", cfg, augment)
+            _COSTS[key] = step_cost(net, info, d.input == "tokens", cfg.fl, augment)
         cost = _COSTS[key]
     return Measured(model, states, tensor_bytes([sim.server]), round_extra, training, training_cpu, checkpoint, kept,
                     how, cost, together)
@@ -342,7 +343,7 @@ def _seconds(fn: Callable[[], Any], budget: float = 0.3, most: int = 50) -> floa
             return took / n
 
 
-def step_cost(model: torch.nn.Module, input_shape: tuple[int, ...], tokens: bool, cfg: Config,
+def step_cost(model: torch.nn.Module, input_shape: tuple[int, ...], tokens: bool, fl: FLConfig,
               augment: str) -> StepCost:
     """Time and count local steps and scoring of `model` (a meta-device model, given random weights on
     the CPU here) through the run's own Trainer, its loop's overhead included, on random data of the
@@ -357,11 +358,10 @@ def step_cost(model: torch.nn.Module, input_shape: tuple[int, ...], tokens: bool
             weight.normal_(0, 0.02)
         for buffer in net.buffers():
             buffer.fill_(1 if buffer.is_floating_point() else 0)
-    batch, steps = cfg.fl.batch_size, 2
+    batch, steps = fl.batch_size, 2
     scoring = min(max(batch, 64), EVAL_BATCH)
     n = max(batch * steps, scoring)
     x = torch.zeros((n, *input_shape), dtype=torch.long) if tokens else torch.randn(n, *input_shape)
-    fl = cfg.fl
     trainer = Trainer(net, x, batch, augment, Optim(fl.optimizer, 1e-9, fl.momentum), precision=fl.precision)
     state = {key: t.detach().clone() for key, t in net.state_dict().items()}
     train = Split(torch.arange(batch * steps), torch.zeros(batch * steps, dtype=torch.long))
@@ -569,12 +569,8 @@ def profile_node(profile: str | Path | None, gpus_per_job: int, device_memory: i
 
 
 def _run_config(run_config: str, sets: list[str]) -> Config:
-    """A run's config as its train job loads it, the method's hyperparameters typed and checked."""
-    from ..methods import build
-
-    cfg = load_config(run_config, sets)
-    cfg.method = getattr(build(cfg.method), "spec")
-    return cfg
+    """A run's config as its train job sets it up, the method's hyperparameters typed and checked."""
+    return read_run(run_config, sets).cfg
 
 
 def plan_study(paths: list[str], node_for: Callable[[dict], Node] | None = None) -> StudyPlan:

@@ -170,7 +170,7 @@ def select(tuning: dict[str, Any], scenarios: list[str], labels: list[str], run_
     for scenario in scenarios:
         chosen[scenario] = {}
         for label in labels:
-            tried = []
+            tried: list[dict[str, Any]] = []
             for i, values in enumerate(points(tuning, label)):
                 scores, failed = [], []
                 for seed in seeds:
@@ -268,7 +268,7 @@ def read_chosen(tuning: dict[str, Any], scenarios: list[str], labels: list[str],
         raise UsageError(f"tuning.file {path} {state}: it was edited after `snakemake tune` wrote it; {again}, or set "
                          "tuning.allow_edited: true to use it as edited")
     _check_budget(doc, tuning, path, rounds, again)
-    out = {}
+    out: dict[str, dict[str, dict]] = {}
     for scenario in scenarios:
         out[scenario] = {}
         for label in labels:
@@ -286,7 +286,8 @@ def read_chosen(tuning: dict[str, Any], scenarios: list[str], labels: list[str],
 def _check_budget(doc: dict[str, Any], tuning: dict[str, Any], path: Path, rounds: dict[str, int] | None,
                   again: str) -> None:
     """The file was tuned with the study's points, seeds and, per scenario, rounds."""
-    budget = doc.get("budget") if isinstance(doc.get("budget"), dict) else {}
+    given = doc.get("budget")
+    budget = given if isinstance(given, dict) else {}
     study = {"points": tuning["points"], "seeds": [int(s) for s in tuning["seeds"]]}
     for key, wanted in study.items():
         if budget.get(key) != wanted:

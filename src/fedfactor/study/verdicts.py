@@ -121,11 +121,12 @@ def collect(studies: Path, cpu: Path, results: Path) -> tuple[list[Row], dict[st
         values = paper_values(spec)
         for claim in spec.claims:
             text = with_text_variants(claim, spec.text_variants)
+            # no runs (None): a _PaperReader gives the paper's own numbers and never reads them
             shown = evaluate_one(spec, None, claim, reader=_PaperReader(spec, None, values=values))  # type: ignore[arg-type]
-            cpu = cpu_rows.get((spec.study, claim.id), {})
-            modes = ["as run", "text"] if text or "text" in cpu else ["as run"]
+            cpu_modes = cpu_rows.get((spec.study, claim.id), {})
+            modes = ["as run", "text"] if text or "text" in cpu_modes else ["as run"]
             row = Row(papers[spec.study], spec.study, claim.id, claim.claim, claim.source,
-                      shown["observed"] or "not printed", modes, takes.get(spec.study), cpu)
+                      shown["observed"] or "not printed", modes, takes.get(spec.study), cpu_modes)
             for mode in modes:
                 row.paper_scale[mode] = at_scale.get((claim.id, mode), at_scale.get((claim.id, ""), NOT_RUN)
                                                      if mode == "as run" else NOT_RUN)

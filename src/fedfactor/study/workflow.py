@@ -129,6 +129,32 @@ def study_runs(config: dict[str, Any], tuned: dict[str, dict[str, dict]] | None 
     return runs
 
 
+
+def seed_sets(scenario: str, of_scenario: list[str], seed: int, of_method: list[str], study_dir: str,
+              mlflow_uri: str) -> list[str]:
+    """A run's `--set`s in the order the train rule gives them to `fedfactor train-runs` (train.smk):
+    the scenario's, then what the workflow sets for one seed (its partition file, the MLflow store; the
+    experiment id, known once mlflow_init has run, a stand-in), then the method's."""
+    partition = f"{study_dir}/partitions/{scenario}/seed{seed}.json"
+    return [*of_scenario, f"seed={seed}", f"partition.file={partition}", f"tracking.uri={mlflow_uri}",
+            "tracking.experiment_id=0", *of_method]
+
+
+def checked_runs(config: dict[str, Any], tuned: dict[str, dict[str, dict]] | None, study_dir: str,
+                 mlflow_uri: str) -> list[tuple[str, list[str]]]:
+    """The runs `check_runs` loads, named: every run of the study's expansion once, at its first seed
+    (a seed changes nothing else in a run config), and each further seed once: the final runs, the
+    further seeds, then the tuning runs."""
+    def sets(run: StudyRun, seed: int) -> list[str]:
+        return seed_sets(run.scenario, run.scenario_sets, seed, run.method_sets, study_dir, mlflow_uri)
+
+    runs = study_runs(config, tuned)
+    final = [r for r in runs if r.kind == "final"]
+    checked = [(f"scenario {r.scenario!r}, method {r.method!r}", sets(r, r.seeds[0])) for r in final]
+    checked += [(f"seed {seed}", sets(final[0], seed)) for seed in final[0].seeds[1:]]
+    return checked + [(f"tuning: scenario {r.scenario!r}, method {r.method!r}, point {r.point}", sets(r, r.seeds[0]))
+                      for r in runs if r.kind == "tuning"]
+
 # What `build_partition` reads of `data` (and fl.clients, and the partition section but its file).
 PARTITION_DATA_KEYS = ("name", "root", "split", "split_mode", "seed")
 
@@ -180,7 +206,8 @@ def selected(config: dict[str, Any], key: str) -> list[str]:
 # Study keys that change what runs compute or which runs exist. A config file given after the study's
 # own that sets one of them makes a variant of the study; `results`, `data_root`, `mlflow`,
 # `threads_per_job`, `runs_per_job` and `gpus_per_job` only say where and how.
-VARIANT_KEYS = ("run_config", "scenarios", "methods", "seeds", "overrides", "select", "smoke", "tuning")
+VARIANT_KEYS = ("run_config", "scenarios", "methods", "seeds", "overrides", "select", "smoke", "smoke_scale",
+                "tuning")
 
 
 def study_folder(config: dict[str, Any], configfiles: list) -> str:
@@ -199,10 +226,12 @@ def study_folder(config: dict[str, Any], configfiles: list) -> str:
 
 def scenario_overrides(config: dict[str, Any], scenario: str) -> dict[str, Any]:
     """A scenario's run-config overrides, the study-wide `overrides` on top, and in a smoke study
-    the dataset swapped for its synthetic stand-in (same shape and classes)."""
+    its run config's `smoke_scale` on top of those and the dataset swapped for its synthetic stand-in
+    (same shape and classes)."""
     own = {key: value for key, value in config["scenarios"][scenario].items() if key != "methods"}
     merged = deep_merge(own, config.get("overrides") or {})
     if config.get("smoke"):
+        merged = deep_merge(merged, (config.get("smoke_scale") or {}).get(Path(config["run_config"]).name, {}))
         try:
             name = dataset_name(config["run_config"], merged)
         except UsageError as e:
@@ -430,15 +459,14 @@ def check_runs(run_config: str, runs: Iterable[tuple[str, list[str]]]) -> None:
     (name, sets), e.g. ("scenario 'a', method 'fedavg'", [...]); each dataset and partition is
     checked once."""
     from ..data import dataset_info, task_label_maps
-    from ..methods import build
     from ..models import MODELS
+    from ..run.setup import read_run
 
     datasets: dict[tuple[str, str], Any] = {}
     partitions: set[str] = set()
     for name, sets in runs:
         try:
-            cfg = load_config(run_config, sets)
-            build(cfg.method)
+            cfg = read_run(run_config, sets).cfg
             where = (cfg.data.name, cfg.data.root)
             if where not in datasets:
                 datasets[where] = dataset_info(*where)

@@ -50,7 +50,8 @@ def log_to_run(run_dir: Path, uri: str, metrics: dict[str, float], tags: dict[st
     """
     state = _read_state(run_dir)
     key = state.get("run_key") if isinstance(state.get("run_key"), str) else None
-    known = state.get("run_ids") if isinstance(state.get("run_ids"), dict) else {}
+    run_ids = state.get("run_ids")
+    known = run_ids if isinstance(run_ids, dict) else {}
     candidates = list(dict.fromkeys(r for r in (known.get(uri), run_id, *known.values()) if isinstance(r, str) and r))
     if not candidates and key is None:
         return "no run", "trained without MLflow tracking (no run id in summary.json or mlflow.json)"
@@ -85,9 +86,9 @@ def log_to_run(run_dir: Path, uri: str, metrics: dict[str, float], tags: dict[st
 
     try:
         if path is not None and uri.startswith("sqlite:"):
-            state = _retry(lambda: _inspect(path)[0])
-            if state != "complete":  # MLflow would migrate it in place: leave that to a training job
-                return "unreachable", f"MLflow store {uri}: {state}"
+            health = _retry(lambda: _inspect(path)[0])
+            if health != "complete":  # MLflow would migrate it in place: leave that to a training job
+                return "unreachable", f"MLflow store {uri}: {health}"
         client = _retry(lambda: _client(uri))
         run = _retry(find)
         if run is None:
@@ -98,7 +99,9 @@ def log_to_run(run_dir: Path, uri: str, metrics: dict[str, float], tags: dict[st
         batch = [Metric(k, x, now, 0) for k, v in metrics.items()
                  if (x := _number(v)) is not None and latest.get(k) != x]
         for i in range(0, len(batch), _METRIC_BATCH):
-            _retry(lambda chunk=batch[i : i + _METRIC_BATCH]: client.log_batch(rid, metrics=chunk))
+            # mypy cannot infer a lambda with default arguments (python/mypy#12557)
+            _retry(lambda chunk=batch[i : i + _METRIC_BATCH]:  # type: ignore[misc]
+                   client.log_batch(rid, metrics=chunk))
         if tags:
             _retry(lambda: client.log_batch(rid, tags=[RunTag(k, str(v)) for k, v in tags.items()]))
         if artifacts is not None and Path(artifacts).is_dir() and any(Path(artifacts).iterdir()):

@@ -111,7 +111,7 @@ class Tracker:
         self.run_id: str | None = None
         self.active = False
         self.previous_status: str | None = None
-        self._client = None
+        self._client: Any = None  # an MlflowClient while the run is open (mlflow is untyped)
         self._steps: set[int] = set()  # steps the run holds: never logged twice
         if not cfg.enabled:
             return
@@ -185,7 +185,8 @@ class Tracker:
                         (f" and {len(changed) - 5} more" if len(changed) > 5 else ""))
         new = [Param(k, v) for k, v in sorted(values.items()) if k not in existing]
         for i in range(0, len(new), _PARAM_BATCH):
-            _retry(lambda chunk=new[i : i + _PARAM_BATCH]: client.log_batch(run_id, params=chunk))
+            # mypy cannot infer a lambda with default arguments (python/mypy#12557)
+            _retry(lambda chunk=new[i : i + _PARAM_BATCH]: client.log_batch(run_id, params=chunk))  # type: ignore[misc]
         self._client, self.run_id, self.active = client, run_id, True
         if state["run_ids"].get(self.uri) != run_id:  # informational only: the tag is what counts
             state["run_ids"][self.uri] = run_id
@@ -205,7 +206,9 @@ class Tracker:
         batch = [Metric(k, x, now, int(step)) for k, v in metrics.items() if (x := _number(v)) is not None]
         with self._guard():
             for i in range(0, len(batch), _METRIC_BATCH):
-                _retry(lambda chunk=batch[i : i + _METRIC_BATCH]: self._client.log_batch(self.run_id, metrics=chunk))
+                # mypy cannot infer a lambda with default arguments (python/mypy#12557)
+                _retry(lambda chunk=batch[i : i + _METRIC_BATCH]:  # type: ignore[misc]
+                       self._client.log_batch(self.run_id, metrics=chunk))
             self._steps.add(step)
 
     def finish(self, summary_metrics: dict[str, float], files: list[Path], status: str = "FINISHED") -> None:
@@ -222,11 +225,12 @@ class Tracker:
             batch = [Metric(k, x, now, 0) for k, x in finals.items() if latest.get(k) != x]
             if batch:
                 _retry(lambda: client.log_batch(run_id, metrics=batch))
+            # mypy cannot infer a lambda with default arguments (python/mypy#12557)
             for f in map(Path, files):
                 if f.is_dir():
-                    _retry(lambda f=f: client.log_artifacts(run_id, str(f), artifact_path=f.name))
+                    _retry(lambda f=f: client.log_artifacts(run_id, str(f), artifact_path=f.name))  # type: ignore[misc]
                 elif f.exists():
-                    _retry(lambda f=f: client.log_artifact(run_id, str(f)))
+                    _retry(lambda f=f: client.log_artifact(run_id, str(f)))  # type: ignore[misc]
             _retry(lambda: client.set_terminated(run_id, status))
             self.active = False
 
