@@ -1,4 +1,4 @@
-"""Mutation scores per module from mutmut's results, as docs/testing.md reports them.
+"""Mutation scores per module from mutmut's results, as BENCHMARKS.md reports them.
 
     python -m probes.mutation [FOLDER]
 

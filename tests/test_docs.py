@@ -23,6 +23,8 @@ POINTERS = [*PACKAGE.rglob("*.py"), *(REPO / "config").rglob("*.yaml"),
             *(REPO / "benchmarks").rglob("*.py"), *(REPO / "probes").rglob("*.py"), REPO / "Snakefile"]
 # Files of the authors' repositories the docs name (not ours, so not checked here)
 AUTHORS_FILES = {"models/LoraResnet1.py"}
+# The package's subpackages (run, study, methods, ...): `run/job.py` in a page is src/fedfactor/run/job.py
+SUBPACKAGES = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
 
 
 def _name(path: Path) -> str:
@@ -86,7 +88,7 @@ def _cited_paths(page: Path) -> list[str]:
         if re.fullmatch(r"(src|config|tests|workflow|docs|benchmarks|probes|profiles|envs)/[\w./+-]*", path) \
                 or path in ("results/README.md", "Snakefile", "BENCHMARKS.md", "pyproject.toml"):
             out.append(path)
-        elif re.fullmatch(r"(methods|fl|nn|models|report|analysis|data)/\w+\.py", path) and path not in AUTHORS_FILES:
+        elif re.fullmatch(rf"({'|'.join(SUBPACKAGES)})/\w+\.py", path) and path not in AUTHORS_FILES:
             out.append(f"src/fedfactor/{path}")
     return out
 
@@ -100,7 +102,67 @@ def test_the_path_check_sees_the_paths_the_pages_cite():
     # the check above is only as good as its pattern: it must find the paths written in the docs
     cited = {p for page in PAGES for p in _cited_paths(page)}
     assert {"config/runs/digits.yaml", "src/fedfactor/config.py", "src/fedfactor/methods/base.py",
-            "tests/conftest.py", "workflow/scripts/slurm_local.sh"} <= cited
+            "src/fedfactor/run/weights.py", "tests/conftest.py", "workflow/scripts/slurm_local.sh"} <= cited
+
+
+# MLflow tags a run carries (fedfactor.version.cpu, fedfactor.warnings, fedfactor.run_key): no modules
+TAGS = ("version", "warnings", "run_key")
+
+
+def _module_names(page: Path) -> list[str]:
+    """The dotted names of the package a page writes in `code`: fedfactor.reparam.factorize,
+    fedfactor.methods.build; not a file (envs/fedfactor.yaml) nor an MLflow tag."""
+    pattern = rf"(?<![\w/.-])fedfactor\.(?!(?:{'|'.join(TAGS)})\b)\w+(?:\.\w+)*"
+    return [m for span in re.findall(r"`([^`\n]+)`", _prose(page.read_text())) for m in re.findall(pattern, span)]
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether a module path, or a name in a module, exists: the longest importable prefix, then attributes."""
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 1, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[i:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_every_module_path_a_page_names_exists(page):
+    # a module moved to another room (fedfactor.job -> fedfactor.run.job) leaves no page behind
+    assert [m for m in _module_names(page) if not _resolves(m)] == []
+
+
+def test_the_module_check_sees_the_names_written():
+    named = {m for page in PAGES for m in _module_names(page)}
+    assert {"fedfactor.methods.build", "fedfactor.models.weight_layers"} <= named
+    assert not named & {"fedfactor.version", "fedfactor.warnings", "fedfactor.yaml"}
+    assert not _resolves("fedfactor.job") and not _resolves("fedfactor.reparam.decompose_all")
+
+
+def test_the_layout_page_shows_the_layers_the_import_test_holds():
+    from .test_imports import LAYERS
+
+    # docs/layout.md's table, bottom up: a row per layer, its packages in the first column
+    rows = [set(re.findall(r"`(\w+)`", line.split("|")[1]))
+            for line in (REPO / "docs" / "layout.md").read_text().splitlines() if line.startswith("| `")]
+    # the package's __init__ and __main__ are no rooms of their own
+    assert rows == [set(layer) - {"fedfactor"} for layer in LAYERS if set(layer) - {"fedfactor", "__main__"}]
+
+
+def test_the_layout_page_names_every_package_and_module_of_the_top_level():
+    # docs/layout.md's tree, under src/fedfactor/: a new room (or a module moved into one) shows there
+    tree = (REPO / "docs" / "layout.md").read_text().split("src/fedfactor/\n", 1)[1].split("```", 1)[0]
+    named = set(re.findall(r"^  (\w+)(?:/|\.py)", tree, re.M)) | set(re.findall(r" (__main__)\.py", tree))
+    top = {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"} | set(SUBPACKAGES)
+    assert top - named == set() and named - top == set()
 
 
 def _section_starts(path: Path) -> list[str]:

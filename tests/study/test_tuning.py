@@ -19,7 +19,7 @@ from fedfactor.study import tuning
 from fedfactor.config import load_config
 from fedfactor.errors import UsageError
 from fedfactor.run.job import train
-from fedfactor.study.workflow import method_sets
+from fedfactor.study.workflow import study_runs
 
 from ..conftest import TINY, snakemake_in_process
 
@@ -53,10 +53,11 @@ def test_the_default_study_gives_every_method_the_same_budget():
     t, methods = study["tuning"], study["methods"]
     tuning.check(t, list(methods), list(methods))
     assert {len(tuning.points(t, m)) for m in methods} == {t["points"]}
-    # and the same budget at every point: no method's own `run` changes it
-    tuning.check_runs_alike({f"{m}@p{i}": load_config(REPO / study["run_config"],
-                                                       method_sets(tuning.with_values(e, p), m))
-                             for m, e in methods.items() for i, p in enumerate(tuning.points(t, m))})
+    # and the same budget at every point: no method's own `run` changes it (the tuning runs as the
+    # study's expansion gives them)
+    runs = [r for r in study_runs(study) if r.kind == "tuning"]
+    assert len(runs) == len(study["scenarios"]) * len(methods) * t["points"]
+    tuning.check_runs_alike({r.name: load_config(REPO / study["run_config"], r.sets) for r in runs})
 
 
 def test_unequal_training_budgets_are_refused():
