@@ -26,6 +26,7 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
+from ..config import Config, FLConfig
 from ..errors import UsageError
 from ..io import atomic_write_text
 
@@ -91,17 +92,18 @@ def check(tuning: dict[str, Any], labels: Iterable[str], listed: Iterable[str]) 
                              f"tuning.points = {budget}; give it a grid of {budget} points")
 
 
-def check_runs_alike(configs: dict[str, Any]) -> None:
+def check_runs_alike(configs: dict[str, Config]) -> None:
     """The same budget also in training: every tuning run (a name such as "fedavg@p3" -> its loaded
     Config, every point of every method) has the same BUDGET_KEYS values."""
-    def budget(cfg: Any) -> dict[str, Any]:
-        return {key: getattr(cfg.fl, key.split(".")[1]) for key in BUDGET_KEYS}
+    def budget(fl: FLConfig) -> dict[str, Any]:  # the BUDGET_KEYS, all in the fl section
+        return {key: getattr(fl, key.split(".")[1]) for key in BUDGET_KEYS}
 
     (first, base), *rest = configs.items()
     for name, cfg in rest:
-        differ = [key for key, value in budget(cfg).items() if value != budget(base)[key]]
+        ours, theirs = budget(cfg.fl), budget(base.fl)
+        differ = [key for key, value in ours.items() if value != theirs[key]]
         if differ:
-            shown = ", ".join(f"{key}={budget(cfg)[key]} against {budget(base)[key]}" for key in differ)
+            shown = ", ".join(f"{key}={ours[key]} against {theirs[key]}" for key in differ)
             raise UsageError(f"tuning: {name} trains with {shown} for {first}: every point of every method gets the "
                              "same budget; drop the method's own fl settings")
 
