@@ -392,18 +392,20 @@ def test_a_paper_scale_round_stays_within_its_plan(tmp_path, study, name):
 
 
 @pytest.mark.slow
-def test_a_factorized_fl_resnet9_round_is_within_a_quarter_of_its_plan(tmp_path):
+def test_a_factorized_fl_resnet9_round_stays_near_its_plan(tmp_path):
     """Factorized-FL's paper run (ResNet-9, 20 clients, all trained every round, batch 256, SGD with
     momentum each client keeps): after one round every client has trained, as the plan assumes, so
-    the peak host memory and the checkpoint are within 25 % of it either way. Catches: the clients'
+    the peak host memory is within 35 % of it (the checkpoint within 25 %) either way. Catches: the clients'
     kept momentum or the training process's own memory left out (1.48x and 1.96x before), and a plan
     grown far past what a run holds. 320 images a client: a full batch of 256 to train on."""
     real, peak, out = _rehearse(tmp_path, "factorized_fl_label", "cifar10_standard_iid/factorized_fl_alpha", 320,
                                 "partition.kind=iid", "checkpoint.keep=true")
     measured = plan.measure(real)
     planned_host = plan.PROCESS_BYTES + measured.states + measured.round_extra + measured.training_cpu
-    # the rehearsal's data is 80 MB; the plan counts the real dataset apart (dataset_bytes)
-    assert 0.75 <= peak / planned_host <= 1.25, (peak / GiB, planned_host / GiB)
+    # the rehearsal's data is 80 MB; the plan counts the real dataset apart (dataset_bytes). The peak
+    # varies with the install and the load: 1.13-1.19x alone in fresh installs, up to 1.25x in CI beside
+    # other tests (BENCHMARKS.md, "A training process alone"); the faults this catches were 1.48x
+    assert 0.75 <= peak / planned_host <= 1.35, (peak / GiB, planned_host / GiB)
     assert 0.75 <= (out / "checkpoint.pt").stat().st_size / measured.checkpoint <= 1.25
 
 
