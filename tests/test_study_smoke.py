@@ -6,7 +6,7 @@ synthetic data of its shape and classes), one seed, one round (the scale file's 
 training, the most of this file's time; every rule runs either way), its first scenario and a few of its
 methods (one implemented method and, where it lists one, a method not implemented yet, which must be
 skipped with a note), with fewer clients and samples where the paper's setting would take minutes, and
-every model at 1/8 of its width (conftest.SMOKE_SCALE).
+every model at 1/8 of its width (config/scale/smoke.yaml's `smoke_scale`, which the workflow applies).
 Every rule of the DAG runs: data, partition, train, diagnostics, tables, paper tables, claims,
 figures. The outputs must say they are a smoke run.
 """
@@ -29,7 +29,6 @@ import yaml
 
 from fedfactor.methods import METHODS
 
-from .conftest import SMOKE_SCALE as SCALE
 
 pytestmark = pytest.mark.slow  # every study dry-run in full and smoke-run end to end
 
@@ -109,9 +108,8 @@ def _smoke_file(path: Path, root: Path) -> tuple[Path, dict]:
     missing = [m for m, e in study["methods"].items() if e["name"] not in METHODS]
     select = {"scenarios": [next(iter(study["scenarios"]))], "methods": done[:1] + missing[:1]}
     scale = yaml.safe_load((REPO / "config" / "scale" / "smoke.yaml").read_text())
+    # the scale file's `smoke_scale` (each run config's smaller models, clients and epochs) the workflow applies
     overrides = {**scale["overrides"], "fl": {**scale["overrides"]["fl"], "rounds": 1}}
-    for section, values in SCALE[Path(study["run_config"]).name].items():
-        overrides[section] = {**overrides.get(section, {}), **values}
     # one torch thread a job: the fixture runs two studies at once beside another test worker, and the
     # paper studies' two threads a job would oversubscribe 2 cores (4 studies: 62 s with two, 43 s with one)
     extra = {"results": str(root / "results"), "data_root": str(root / "data"), "select": select,
@@ -211,7 +209,7 @@ def test_fedfac_table2_leaf_rows_run_as_smoke_runs_with_the_paper_numbers_beside
     study = yaml.safe_load(path.read_text())
     methods = ["fedavg", "fedprox", "fedper", "lg_fedavg", "fedem", "fedrep", "fedfac", "fedfac_static"]
     extra = tmp_path / "leaf.yaml"
-    overrides = {"fl": {"rounds": 1, **SCALE["fedfac.yaml"]["fl"]}, "model": SCALE["fedfac.yaml"]["model"]}
+    overrides = {"fl": {"rounds": 1}}  # and smoke.yaml's smoke_scale for fedfac.yaml, which the workflow applies
     extra.write_text(json.dumps({"results": str(tmp_path / "results"), "data_root": str(tmp_path / "data"),
                                  "select": {"scenarios": ["femnist", "shakespeare"], "methods": methods},
                                  "overrides": overrides, "runs_per_job": len(methods), "threads_per_job": 1}))
